@@ -1,0 +1,55 @@
+//! Decisions: the evidence record of every routing decision (SPEC §9).
+
+use crate::eligibility::Reason;
+use crate::policy::Rule;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// What a decision did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionOutcome {
+    /// A node took a new session.
+    Assigned,
+    /// A session moved to another node after a definite non-delivery.
+    Reassigned,
+    /// No node could take the event yet; it is parked.
+    Pending,
+    /// The parking window closed with no eligible node.
+    Rejected,
+}
+
+/// One decision, as stored and as served by `GET /v1/decisions`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    /// Sequential id, unique within the Dispatcher.
+    pub decision_id: u64,
+    /// When it was made (RFC 3339).
+    pub at: String,
+    /// The session decided.
+    pub call_session_id: Option<String>,
+    /// The event that caused it.
+    pub event_id: Option<String>,
+    /// The policy revision in force, if any.
+    pub policy_revision: Option<u64>,
+    /// The node-registry revision in force, if any.
+    pub nodes_revision: Option<u64>,
+    /// Which rule resolved the preferred node.
+    pub rule: Option<Rule>,
+    /// The line `to` matched.
+    pub line_id: Option<String>,
+    /// The node the policy prefers.
+    pub prefers: Option<String>,
+    /// The node chosen, or null.
+    pub chosen: Option<String>,
+    /// The chosen node's SHA at decision time.
+    pub chosen_sha: Option<String>,
+    /// Whether the chosen node's checkout was clean.
+    pub chosen_clean: Option<bool>,
+    /// The epoch issued, if any.
+    pub epoch: Option<u64>,
+    /// Node → reason codes for every node passed over.
+    pub reasons: BTreeMap<String, Vec<Reason>>,
+    /// What the decision did.
+    pub outcome: DecisionOutcome,
+}

@@ -1,0 +1,283 @@
+//! Documents: the node registry and routing policy, stored by revision with
+//! compare-and-set (SPEC §4).
+
+use super::{Engine, EngineError};
+use crate::document::{expected_revision, DocKind, PreconditionError};
+use crate::policy::{CallerOverride, Line, RoutingPolicy};
+use crate::problem::Problem;
+use crate::store::{Store, Value};
+use crate::time::parse_ms;
+use serde_json::Value as Json;
+use std::collections::BTreeMap;
+
+/// How many revisions of each document are kept.
+pub const KEPT_REVISIONS: i64 = 50;
+
+/// Why a document read or write was refused. Nothing changes on any of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DocError {
+    /// No `If-Match` and no body `revision` (428).
+    PreconditionRequired,
+    /// An `If-Match` that is not a strong quoted revision (400).
+    BadPrecondition,
+    /// The precondition names another revision than the current one (412).
+    RevisionConflict {
+        /// The revision in force.
+        current_revision: u64,
+    },
+    /// The body is not a JSON object (400).
+    InvalidJson,
+    /// The document breaks the rules (400), with every finding.
+    InvalidDocument(Vec<Problem>),
+    /// The write removes a node, or a key of a node, that owns open calls (409).
+    NodeInUse {
+        /// The node.
+        node: String,
+    },
+    /// The document was never written (404 `no_policy` / `no_nodes`).
+    Absent(DocKind),
+    /// The requested revision is not among those kept (404).
+    UnknownRevision,
+    /// The store failed.
+    Engine(EngineError),
+}
+
+impl DocError {
+    /// The stable error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DocError::PreconditionRequired => "precondition_required",
+            DocError::BadPrecondition => "bad_precondition",
+            DocError::RevisionConflict { .. } => "revision_conflict",
+            DocError::InvalidJson | DocError::InvalidDocument(_) => "invalid_document",
+            DocError::NodeInUse { .. } => "node_in_use",
+            DocError::Absent(kind) => kind.absent_code(),
+            DocError::UnknownRevision => "unknown_revision",
+            DocError::Engine(e) => e.code(),
+        }
+    }
+}
+
+impl From<EngineError> for DocError {
+    fn from(e: EngineError) -> Self {
+        DocError::Engine(e)
+    }
+}
+
+impl From<crate::store::StoreError> for DocError {
+    fn from(e: crate::store::StoreError) -> Self {
+        DocError::Engine(e.into())
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// The newest revision of a document and its stored body.
+    pub(super) fn latest_document(
+        &self,
+        kind: DocKind,
+    ) -> Result<Option<(u64, Json)>, EngineError> {
+        let rows = self.exec(
+            "SELECT revision, body FROM documents WHERE kind = ? ORDER BY revision DESC LIMIT 1",
+            &[kind.as_str().into()],
+        )?;
+        rows.into_iter()
+            .next()
+            .map(|row| parse_row(kind, &row))
+            .transpose()
+    }
+
+    /// The current revision of a document (0 when never written).
+    pub fn revision(&self, kind: DocKind) -> Result<u64, EngineError> {
+        Ok(match kind {
+            DocKind::Nodes => self.registry()?.map_or(0, |(r, _)| r),
+            DocKind::Policy => self.policy()?.map_or(0, |(r, _)| r),
+        })
+    }
+
+    /// `GET /v1/policy` and `GET /v1/nodes`: the document with `revision`
+    /// filled in; `revision` picks one of the kept revisions.
+    pub fn get_document(
+        &self,
+        kind: DocKind,
+        revision: Option<u64>,
+    ) -> Result<(u64, Json), DocError> {
+        let found = match revision {
+            None => self.latest_document(kind)?,
+            Some(rev) => {
+                let rows = self.exec(
+                    "SELECT revision, body FROM documents WHERE kind = ? AND revision = ?",
+                    &[kind.as_str().into(), rev.into()],
+                )?;
+                match rows.first() {
+                    Some(row) => Some(parse_row(kind, row)?),
+                    None if self.revision(kind)? == 0 => None,
+                    None => return Err(DocError::UnknownRevision),
+                }
+            }
+        };
+        let (rev, mut doc) = found.ok_or(DocError::Absent(kind))?;
+        if let Json::Object(map) = &mut doc {
+            map.insert("revision".into(), rev.into());
+        }
+        Ok((rev, doc))
+    }
+
+    /// `PUT /v1/policy` and `PUT /v1/nodes`: validates, checks the revision
+    /// precondition and stores revision N+1. Returns the new revision.
+    pub fn put_document(
+        &self,
+        kind: DocKind,
+        body: &[u8],
+        if_match: Option<&str>,
+        writer_fp: &str,
+        now_ms: i64,
+    ) -> Result<u64, DocError> {
+        let doc: Json = serde_json::from_slice(body).map_err(|_| DocError::InvalidJson)?;
+        if !doc.is_object() {
+            return Err(DocError::InvalidJson);
+        }
+        let expected = expected_revision(if_match, &doc).map_err(|e| match e {
+            PreconditionError::Missing => DocError::PreconditionRequired,
+            PreconditionError::Malformed => DocError::BadPrecondition,
+        })?;
+        self.store.atomically(|| {
+            let current = self.revision(kind)?;
+            if expected != current {
+                return Err(DocError::RevisionConflict {
+                    current_revision: current,
+                });
+            }
+            let canonical = match kind {
+                DocKind::Nodes => self.validate_registry(&doc)?,
+                DocKind::Policy => self.validate_policy(&doc, now_ms)?,
+            };
+            let next = current + 1;
+            if next > crate::MAX_SAFE_INTEGER {
+                return Err(DocError::Engine(EngineError::Corrupt("revisions exhausted".into())));
+            }
+            self.exec(
+                "INSERT INTO documents (kind, revision, body, written_at, writer_fp) VALUES (?, ?, ?, ?, ?)",
+                &[
+                    kind.as_str().into(),
+                    next.into(),
+                    canonical.to_string().into(),
+                    Value::Int(now_ms),
+                    writer_fp.into(),
+                ],
+            )?;
+            self.exec(
+                "DELETE FROM documents WHERE kind = ? AND revision <= ?",
+                &[kind.as_str().into(), Value::Int(next as i64 - KEPT_REVISIONS)],
+            )?;
+            self.invalidate(kind);
+            Ok(next)
+        })
+    }
+
+    fn validate_registry(&self, doc: &Json) -> Result<Json, DocError> {
+        let registry = crate::registry::validate(doc, self.config.allow_plaintext)
+            .map_err(DocError::InvalidDocument)?;
+        if let Some((policy_rev, policy)) = self.policy()? {
+            let missing: Vec<Problem> = policy
+                .named_nodes()
+                .into_iter()
+                .filter(|n| !registry.nodes.contains_key(*n))
+                .map(|n| Problem {
+                    path: format!("/nodes/{}", crate::problem::pointer_segment(n)),
+                    problem: format!("node {n} is named by policy revision {policy_rev}; change the policy first"),
+                })
+                .collect();
+            if !missing.is_empty() {
+                return Err(DocError::InvalidDocument(missing));
+            }
+        }
+        if let Some((_, current)) = self.registry()? {
+            for (node, entry) in &current.nodes {
+                let removed = match registry.nodes.get(node) {
+                    None => true,
+                    Some(next) => entry.keys.keys().any(|kid| !next.keys.contains_key(kid)),
+                };
+                if removed && self.open_calls(node, None)? > 0 {
+                    return Err(DocError::NodeInUse { node: node.clone() });
+                }
+            }
+        }
+        Ok(registry.to_json())
+    }
+
+    fn validate_policy(&self, doc: &Json, now_ms: i64) -> Result<Json, DocError> {
+        let Some((_, registry)) = self.registry()? else {
+            return Err(DocError::InvalidDocument(vec![Problem {
+                path: String::new(),
+                problem: "no node registry yet: PUT /v1/nodes first".into(),
+            }]));
+        };
+        let previous = self.policy()?;
+        let policy = crate::policy::validate(
+            doc,
+            &registry,
+            previous.as_ref().map(|(_, p)| p.as_ref()),
+            now_ms,
+        )
+        .map_err(DocError::InvalidDocument)?;
+        Ok(policy.to_json())
+    }
+}
+
+fn parse_row(kind: DocKind, row: &[Value]) -> Result<(u64, Json), EngineError> {
+    let corrupt = || EngineError::Corrupt(format!("stored {} document", kind.as_str()));
+    let revision = row.first().and_then(Value::as_int).ok_or_else(corrupt)?;
+    let body = row.get(1).and_then(Value::as_text).ok_or_else(corrupt)?;
+    let doc = serde_json::from_str(body).map_err(|_| corrupt())?;
+    Ok((revision as u64, doc))
+}
+
+/// Rebuilds a stored policy (already validated when written, with the
+/// server's `created_at` stamps) without re-validating it.
+pub(super) fn load_policy(doc: &Json) -> Result<RoutingPolicy, EngineError> {
+    let corrupt = |what: &str| EngineError::Corrupt(format!("stored policy: {what}"));
+    let text = |v: &Json, key: &str| v.get(key).and_then(Json::as_str).map(str::to_owned);
+    let default_node = text(doc, "default_node").ok_or_else(|| corrupt("default_node"))?;
+    let mut by_line = BTreeMap::new();
+    if let Some(lines) = doc.get("by_line").and_then(Json::as_object) {
+        for (id, line) in lines {
+            by_line.insert(
+                id.clone(),
+                Line {
+                    called_number: text(line, "called_number")
+                        .ok_or_else(|| corrupt("called_number"))?,
+                    preferred_node: text(line, "preferred_node")
+                        .ok_or_else(|| corrupt("preferred_node"))?,
+                    fallback_node: text(line, "fallback_node"),
+                },
+            );
+        }
+    }
+    let mut by_caller = BTreeMap::new();
+    if let Some(overrides) = doc.get("by_caller").and_then(Json::as_object) {
+        for (caller, o) in overrides {
+            let time = |key: &str| {
+                o.get(key)
+                    .and_then(Json::as_str)
+                    .and_then(parse_ms)
+                    .ok_or_else(|| corrupt(key))
+            };
+            by_caller.insert(
+                caller.clone(),
+                CallerOverride {
+                    preferred_node: text(o, "preferred_node")
+                        .ok_or_else(|| corrupt("preferred_node"))?,
+                    expires_at_ms: time("expires_at")?,
+                    created_at_ms: time("created_at")?,
+                    note: text(o, "note"),
+                },
+            );
+        }
+    }
+    Ok(RoutingPolicy {
+        default_node,
+        by_line,
+        by_caller,
+    })
+}

@@ -1,0 +1,283 @@
+//! The Dispatcher state machine: the single authority over documents,
+//! heartbeats, call ownership, the event ledger, fences and decisions.
+//!
+//! [`Engine`] owns a [`Store`] and a configuration and nothing else that
+//! matters: its caches are rebuilt from SQL after a restart. Its methods come
+//! in four kinds, as in quinn-proto:
+//! - `handle_*(…, now_ms)`: an incoming request or event ([`Engine::handle_webhook`],
+//!   [`Engine::handle_report`], [`Engine::handle_heartbeat`], [`Engine::handle_fence`],
+//!   [`Engine::handle_claim`], [`Engine::handle_media_verify`]);
+//! - mutators for operator commands ([`Engine::put_document`]);
+//! - [`Engine::poll_alarm`]: what the Dispatcher must do when its alarm fires
+//!   (forwards to make) and when it should fire next;
+//! - getters: the read-only views (`status`, `preview`, `decisions`, `call`,
+//!   `get_document`, `node_keys`).
+//!
+//! Every method that changes state reads, checks its preconditions and writes
+//! inside one [`Store::atomically`] unit with nothing awaited in between, so a
+//! transition's guard (epoch, fence, ended) and its write can never be split.
+//!
+//! Forwards are not performed here: a method that wants an event delivered
+//! returns a [`Forward`]; the caller sends it and reports the origin's answer
+//! with [`Engine::handle_report`], bound to the epoch and attempt it carried.
+
+mod alarm;
+mod documents;
+mod fencing;
+mod ingress;
+mod nodes;
+mod reports;
+mod requests;
+mod routing;
+mod rows;
+mod views;
+
+pub use alarm::AlarmWork;
+pub use documents::DocError;
+pub use fencing::{ClaimReply, FenceGrant, FenceRefusal, FenceReply, MediaRefusal, MediaReply};
+pub use ingress::{Delivered, Ingress, PendingReason};
+pub use nodes::{HeartbeatRefusal, NodeKey};
+pub use reports::{Report, ReportEffect, ReportedAnswer, MIN_REFORWARD_BUDGET_MS};
+pub use requests::{BadRequest, ClaimRequest, FenceRequest, MediaVerifyRequest, PreviewRequest};
+
+use crate::document::DocKind;
+use crate::policy::RoutingPolicy;
+use crate::registry::NodeRegistry;
+use crate::store::{Store, StoreError, Value};
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// Timing of the Dispatcher's background work. The defaults are the
+/// contract's; tests may shorten them (documented as test-only in the README).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timing {
+    /// How long a parked event is re-evaluated before it is rejected (10 s).
+    pub pending_window_ms: i64,
+    /// How often a parked event is re-evaluated (1 s).
+    pub pending_retry_ms: i64,
+    /// Extra lease beyond the forward budget (500 ms).
+    pub lease_grace_ms: i64,
+    /// Delays of the alarm's re-drives of an unknown event after its lease
+    /// (0, then 1, 2, 4, 8 s).
+    pub redrive_backoff_ms: Vec<i64>,
+    /// A session whose owner's beat has been stale this long is `node_lost` (120 s).
+    pub node_lost_after_ms: i64,
+    /// A session older than this is settled as `max_duration` (4 h).
+    pub max_duration_ms: i64,
+    /// Rows untouched this long are pruned (24 h).
+    pub retention_ms: i64,
+    /// How often the alarm sweeps while calls are open (30 s).
+    pub sweep_interval_ms: i64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            pending_window_ms: 10_000,
+            pending_retry_ms: 1_000,
+            lease_grace_ms: 500,
+            redrive_backoff_ms: vec![0, 1_000, 2_000, 4_000, 8_000],
+            node_lost_after_ms: 120_000,
+            max_duration_ms: 4 * 3_600_000,
+            retention_ms: 24 * 3_600_000,
+            sweep_interval_ms: 30_000,
+        }
+    }
+}
+
+/// The Dispatcher's configuration.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The origin forward budget (`FORWARD_TIMEOUT_MS`, default 1500).
+    pub forward_timeout_ms: i64,
+    /// `TELNYX_CONNECTION_IDS`: events of other connections are `ignored`.
+    pub connection_ids: Option<Vec<String>>,
+    /// `ORIGIN_ALLOW_PLAINTEXT`: accept `http://` origins in the registry.
+    pub allow_plaintext: bool,
+    /// Background timing.
+    pub timing: Timing,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            forward_timeout_ms: 1_500,
+            connection_ids: None,
+            allow_plaintext: false,
+            timing: Timing::default(),
+        }
+    }
+}
+
+/// A failure of the engine that is not a business answer: the caller must
+/// answer 503 `dispatcher_unavailable` and change nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    /// The storage backend failed.
+    Store(StoreError),
+    /// A stored row could not be read back.
+    Corrupt(String),
+}
+
+impl EngineError {
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        "dispatcher_unavailable"
+    }
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::Store(e) => write!(f, "{e}"),
+            EngineError::Corrupt(what) => write!(f, "corrupt stored state: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<StoreError> for EngineError {
+    fn from(e: StoreError) -> Self {
+        EngineError::Store(e)
+    }
+}
+
+/// A webhook the caller must send to an origin now, then report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forward {
+    /// Telnyx's `data.id`.
+    pub event_id: String,
+    /// The session the event belongs to.
+    pub call_session_id: String,
+    /// The leg, when the event names one.
+    pub call_control_id: Option<String>,
+    /// The owner it goes to.
+    pub node: String,
+    /// The owner's origin URL recorded at assignment.
+    pub origin_url: String,
+    /// The epoch it is sent under.
+    pub epoch: u64,
+    /// The attempt number (1 for the first send).
+    pub attempt: u32,
+    /// The stored raw body, unchanged.
+    pub body: String,
+    /// The stored Telnyx headers (`content-type`, `telnyx-signature-ed25519`,
+    /// `telnyx-timestamp`), unchanged.
+    pub headers: Vec<(String, String)>,
+}
+
+/// A document with its revision, cached by revision.
+type Cached<T> = Option<(u64, Rc<T>)>;
+
+#[derive(Default)]
+struct Cache {
+    nodes: Option<Cached<NodeRegistry>>,
+    policy: Option<Cached<RoutingPolicy>>,
+}
+
+/// The Dispatcher: see the module documentation.
+pub struct Engine<S: Store> {
+    store: S,
+    config: EngineConfig,
+    cache: RefCell<Cache>,
+}
+
+impl<S: Store> Engine<S> {
+    /// An engine over `store`, whose schema must already be migrated.
+    pub fn new(store: S, config: EngineConfig) -> Self {
+        Self {
+            store,
+            config,
+            cache: RefCell::new(Cache::default()),
+        }
+    }
+
+    /// The storage backend (for tests and the simulation's checker).
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Gives the store back (to simulate a restart: a new engine on the same
+    /// storage starts with empty caches).
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<crate::store::Row>, EngineError> {
+        Ok(self.store.exec(sql, params)?)
+    }
+
+    /// Reads a named counter (0 when absent).
+    fn counter(&self, name: &str) -> Result<i64, EngineError> {
+        let rows = self.exec("SELECT value FROM counters WHERE name = ?", &[name.into()])?;
+        Ok(rows
+            .first()
+            .and_then(|r| r.first())
+            .and_then(Value::as_int)
+            .unwrap_or(0))
+    }
+
+    fn set_counter(&self, name: &str, value: i64) -> Result<(), EngineError> {
+        self.exec(
+            "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            &[name.into(), Value::Int(value)],
+        )?;
+        Ok(())
+    }
+
+    /// Increments a counter and returns the new value, refusing to pass 2^53.
+    fn next_counter(&self, name: &str) -> Result<u64, EngineError> {
+        let next = self.counter(name)? + 1;
+        if next as u64 > crate::MAX_SAFE_INTEGER {
+            return Err(EngineError::Corrupt(format!("counter {name} exhausted")));
+        }
+        self.set_counter(name, next)?;
+        Ok(next as u64)
+    }
+
+    /// The current node registry, if one was ever written.
+    pub fn registry(&self) -> Result<Cached<NodeRegistry>, EngineError> {
+        if let Some(cached) = &self.cache.borrow().nodes {
+            return Ok(cached.clone());
+        }
+        let loaded = self
+            .latest_document(DocKind::Nodes)?
+            .map(|(revision, doc)| {
+                crate::registry::validate(&doc, true)
+                    .map(|r| (revision, Rc::new(r)))
+                    .map_err(|_| EngineError::Corrupt("stored node registry".into()))
+            })
+            .transpose()?;
+        self.cache.borrow_mut().nodes = Some(loaded.clone());
+        Ok(loaded)
+    }
+
+    /// The current routing policy, if one was ever written.
+    pub fn policy(&self) -> Result<Cached<RoutingPolicy>, EngineError> {
+        if let Some(cached) = &self.cache.borrow().policy {
+            return Ok(cached.clone());
+        }
+        let loaded = match self.latest_document(DocKind::Policy)? {
+            None => None,
+            Some((revision, doc)) => Some((revision, Rc::new(documents::load_policy(&doc)?))),
+        };
+        self.cache.borrow_mut().policy = Some(loaded.clone());
+        Ok(loaded)
+    }
+
+    /// Forgets cached documents (after a write, or to simulate a restart).
+    fn invalidate(&self, kind: DocKind) {
+        let mut cache = self.cache.borrow_mut();
+        match kind {
+            DocKind::Nodes => cache.nodes = None,
+            DocKind::Policy => cache.policy = None,
+        }
+    }
+}

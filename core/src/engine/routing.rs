@@ -1,0 +1,173 @@
+//! Routing: resolve the policy, select a node, and record the decision with
+//! its evidence. The same code serves live calls, reassignment, the alarm,
+//! the preview and the status view.
+
+use super::{Engine, EngineError};
+use crate::decision::{Decision, DecisionOutcome};
+use crate::eligibility::LineRef;
+use crate::policy::{Resolution, Rule};
+use crate::selection::{select, Selection};
+use crate::store::{Store, Value};
+use crate::time::format_ms;
+use std::collections::BTreeMap;
+
+/// A routing answer for one call.
+#[derive(Debug, Clone)]
+pub(crate) struct Routed {
+    pub resolution: Resolution,
+    pub selection: Selection,
+    pub policy_revision: u64,
+    pub nodes_revision: u64,
+    /// The chosen node's origin URL (from the registry) and beat SHA.
+    pub chosen_origin: Option<String>,
+    pub chosen_sha: Option<String>,
+    pub chosen_clean: Option<bool>,
+}
+
+/// What a decision is about, for the evidence record.
+pub(crate) struct DecisionSubject<'a> {
+    pub session: Option<&'a str>,
+    pub event: Option<&'a str>,
+}
+
+impl<S: Store> Engine<S> {
+    /// Resolves and selects for a call from `caller` to `called` (both already
+    /// normalised). `None` when the policy or the registry is absent.
+    /// `except` is the session being decided, which never counts against a
+    /// node's capacity.
+    pub(crate) fn route(
+        &self,
+        caller: Option<&str>,
+        called: Option<&str>,
+        except: Option<&str>,
+        now_ms: i64,
+    ) -> Result<Option<Routed>, EngineError> {
+        let (Some((policy_revision, policy)), Some((nodes_revision, registry))) =
+            (self.policy()?, self.registry()?)
+        else {
+            return Ok(None);
+        };
+        let resolution = policy.resolve(caller, called, now_ms);
+        let line = called
+            .and_then(|to| policy.line_for(to))
+            .map(|(line_id, line)| LineRef {
+                line_id,
+                called_number: &line.called_number,
+            });
+        let mut states = BTreeMap::new();
+        for node in crate::selection::candidates(&resolution, &policy.default_node, &registry)
+            .into_iter()
+            .map(|(n, _)| n)
+        {
+            states.insert(node.to_owned(), self.node_state(node, except)?);
+        }
+        let selection = select(
+            &resolution,
+            &policy.default_node,
+            &registry,
+            line,
+            |node| states[node].facts(registry.nodes.get(node)),
+            now_ms,
+        );
+        let chosen_beat = selection
+            .chosen
+            .as_ref()
+            .and_then(|n| states.get(n))
+            .and_then(|s| s.beat.as_ref());
+        Ok(Some(Routed {
+            chosen_origin: selection
+                .chosen
+                .as_ref()
+                .and_then(|n| registry.nodes.get(n))
+                .map(|e| e.origin_url.clone()),
+            chosen_sha: chosen_beat.map(|b| b.heartbeat.sha.clone()),
+            chosen_clean: chosen_beat.map(|b| !b.heartbeat.dirty),
+            resolution,
+            selection,
+            policy_revision,
+            nodes_revision,
+        }))
+    }
+
+    /// Stores a decision built from a routing answer (or from a claim when
+    /// `routed` is `None`) and returns its id.
+    pub(crate) fn record_decision(
+        &self,
+        subject: DecisionSubject<'_>,
+        routed: Option<&Routed>,
+        claim_node: Option<&str>,
+        epoch: Option<u64>,
+        outcome: DecisionOutcome,
+        now_ms: i64,
+    ) -> Result<u64, EngineError> {
+        let decision_id = self.next_counter("decision")?;
+        let (claim_sha, claim_clean) = match claim_node {
+            Some(node) => {
+                let beat = self.beat(node)?;
+                (
+                    beat.as_ref().map(|b| b.heartbeat.sha.clone()),
+                    beat.as_ref().map(|b| !b.heartbeat.dirty),
+                )
+            }
+            None => (None, None),
+        };
+        let decision = match routed {
+            Some(r) => Decision {
+                decision_id,
+                at: format_ms(now_ms),
+                call_session_id: subject.session.map(str::to_owned),
+                event_id: subject.event.map(str::to_owned),
+                policy_revision: Some(r.policy_revision),
+                nodes_revision: Some(r.nodes_revision),
+                rule: Some(r.resolution.rule),
+                line_id: r.resolution.line_id.clone(),
+                prefers: Some(r.resolution.prefers.clone()),
+                chosen: r.selection.chosen.clone(),
+                chosen_sha: r.chosen_sha.clone(),
+                chosen_clean: r.chosen_clean,
+                epoch,
+                reasons: r.selection.reasons.clone(),
+                outcome,
+            },
+            None => Decision {
+                decision_id,
+                at: format_ms(now_ms),
+                call_session_id: subject.session.map(str::to_owned),
+                event_id: subject.event.map(str::to_owned),
+                policy_revision: self.policy()?.map(|(r, _)| r),
+                nodes_revision: self.registry()?.map(|(r, _)| r),
+                rule: claim_node.map(|_| Rule::Claim),
+                line_id: None,
+                prefers: claim_node.map(str::to_owned),
+                chosen: if outcome == DecisionOutcome::Assigned {
+                    claim_node.map(str::to_owned)
+                } else {
+                    None
+                },
+                chosen_sha: claim_sha,
+                chosen_clean: claim_clean,
+                epoch,
+                reasons: BTreeMap::new(),
+                outcome,
+            },
+        };
+        let body =
+            serde_json::to_string(&decision).map_err(|e| EngineError::Corrupt(e.to_string()))?;
+        self.exec(
+            "INSERT INTO decisions (decision_id, at, call_session_id, event_id, body) VALUES (?, ?, ?, ?, ?)",
+            &[
+                decision_id.into(),
+                Value::Int(now_ms),
+                subject.session.into(),
+                subject.event.into(),
+                body.into(),
+            ],
+        )?;
+        Ok(decision_id)
+    }
+
+    /// Issues the next epoch of the one global counter.
+    pub(crate) fn next_epoch(&self) -> Result<u64, EngineError> {
+        self.next_counter("epoch")
+    }
+}

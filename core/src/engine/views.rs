@@ -1,0 +1,216 @@
+//! Read-only views: status (the panel contract), preview, decisions and a
+//! call's record (SPEC §9, §13). Nothing here writes.
+
+use super::rows::{event_from_row, OPEN_STATES};
+use super::{Engine, EngineError, PreviewRequest};
+use crate::eligibility::{effective_max_calls, Reason};
+use crate::heartbeat::routing_hash;
+use crate::number::normalise;
+use crate::store::{Store, Value};
+use crate::time::format_ms;
+use serde_json::{json, Value as Json};
+use std::collections::BTreeMap;
+
+/// The default and largest `limit` of list views.
+pub const DEFAULT_LIMIT: u32 = 50;
+/// See [`DEFAULT_LIMIT`].
+pub const MAX_LIMIT: u32 = 500;
+/// Decisions shown in the status view.
+pub const STATUS_DECISIONS: u32 = 10;
+
+/// Clamps a list `limit` to 1..=500, defaulting to 50.
+pub fn clamp_limit(limit: Option<u32>) -> u32 {
+    limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT)
+}
+
+fn reasons_json(reasons: &BTreeMap<String, Vec<Reason>>) -> Json {
+    json!(reasons)
+}
+
+impl<S: Store> Engine<S> {
+    /// `POST /v1/routing/preview`: the same resolution and eligibility as a
+    /// live call, storing nothing. `None` when there is no policy.
+    pub fn preview(&self, req: &PreviewRequest, now_ms: i64) -> Result<Option<Json>, EngineError> {
+        let to = req.to.as_deref().and_then(normalise);
+        let from = req.from.as_deref().and_then(normalise);
+        let Some(routed) = self.route(from.as_deref(), to.as_deref(), None, now_ms)? else {
+            return Ok(None);
+        };
+        Ok(Some(json!({
+            "rule": routed.resolution.rule,
+            "line_id": routed.resolution.line_id,
+            "prefers": routed.resolution.prefers,
+            "chosen": routed.selection.chosen,
+            "reasons": reasons_json(&routed.selection.reasons),
+            "policy_revision": routed.policy_revision,
+            "nodes_revision": routed.nodes_revision,
+        })))
+    }
+
+    /// `GET /v1/decisions`, newest first.
+    pub fn decisions(
+        &self,
+        limit: Option<u32>,
+        session: Option<&str>,
+    ) -> Result<Json, EngineError> {
+        let limit = Value::Int(i64::from(clamp_limit(limit)));
+        let rows = match session {
+            Some(id) => self.exec(
+                "SELECT body FROM decisions WHERE call_session_id = ? ORDER BY decision_id DESC LIMIT ?",
+                &[id.into(), limit],
+            )?,
+            None => self.exec("SELECT body FROM decisions ORDER BY decision_id DESC LIMIT ?", &[limit])?,
+        };
+        let list: Vec<Json> = rows
+            .iter()
+            .filter_map(|r| r.first().and_then(Value::as_text))
+            .filter_map(|b| serde_json::from_str(b).ok())
+            .collect();
+        Ok(json!({ "decisions": list }))
+    }
+
+    /// `GET /v1/calls/{id}`. `None` for an unknown call.
+    pub fn call(&self, id: &str) -> Result<Option<Json>, EngineError> {
+        let Some(session) = self.load_session(id)? else {
+            return Ok(None);
+        };
+        let legs = self.exec(
+            "SELECT call_control_id, state FROM legs WHERE call_session_id = ? ORDER BY updated_at",
+            &[id.into()],
+        )?;
+        let legs: Vec<Json> = legs
+            .iter()
+            .map(|r| json!({"call_control_id": r[0].as_text(), "state": r[1].as_text()}))
+            .collect();
+        let events = self.exec(
+            &format!(
+                "SELECT {} FROM events WHERE call_session_id = ? ORDER BY seq DESC LIMIT 500",
+                super::rows::EVENT_COLUMNS
+            ),
+            &[id.into()],
+        )?;
+        let events: Vec<Json> = events
+            .iter()
+            .map(event_from_row)
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .map(|e| {
+                json!({"event_id": e.event_id, "event_type": e.event_type, "state": e.state,
+                       "received_at": format_ms(e.received_at_ms),
+                       "attempts": e.attempts, "epoch": e.epoch, "node": e.node, "result_status": e.result_status})
+            })
+            .collect();
+        Ok(Some(json!({
+            "call_session_id": session.id,
+            "owner": session.owner,
+            "epoch": session.epoch,
+            "state": session.state.as_str(),
+            "origin_url": session.origin_url,
+            "direction": session.direction,
+            "created_at": format_ms(session.created_at_ms),
+            "fence": session.fence.as_ref().map(|f| json!({
+                "granted_at": format_ms(f.at_ms), "command_id": f.command_id, "node": f.node, "epoch": f.epoch
+            })),
+            "legs": legs,
+            "events": events,
+        })))
+    }
+
+    fn count(&self, sql: &str) -> Result<i64, EngineError> {
+        Ok(self
+            .exec(sql, &[])?
+            .first()
+            .and_then(|r| r.first())
+            .and_then(Value::as_int)
+            .unwrap_or(0))
+    }
+
+    /// `GET /v1/status`: the panel contract.
+    pub fn status(&self, now_ms: i64) -> Result<Json, EngineError> {
+        let policy = self.policy()?;
+        let registry = self.registry()?;
+        let last_webhook = self.counter("last_webhook_at")?;
+        let last_webhook_at = (last_webhook > 0).then(|| format_ms(last_webhook));
+        let mut lines = Vec::new();
+        if let Some((_, p)) = &policy {
+            for (line_id, line) in &p.by_line {
+                let routed = self.route(None, Some(&line.called_number), None, now_ms)?;
+                let (target, reasons) = match &routed {
+                    Some(r) => (
+                        r.selection.chosen.clone(),
+                        reasons_json(&r.selection.reasons),
+                    ),
+                    None => (None, json!({})),
+                };
+                lines.push(json!({
+                    "line_id": line_id,
+                    "called_number": line.called_number,
+                    "prefers": line.preferred_node,
+                    "fallback_node": line.fallback_node,
+                    "next_call_target": target,
+                    "fallback_in_use": target.as_deref() != Some(line.preferred_node.as_str()),
+                    "reasons": reasons,
+                }));
+            }
+        }
+        let mut nodes = Vec::new();
+        if let Some((_, r)) = &registry {
+            for (node, state) in self.all_node_states()? {
+                let entry = r.nodes.get(&node);
+                let reasons = self.general_reasons(&node, &state, now_ms)?;
+                let hb = state.beat.as_ref().map(|b| &b.heartbeat);
+                nodes.push(json!({
+                    "node": node,
+                    "role": entry.map(|e| e.role),
+                    "mode": hb.map(|h| h.mode),
+                    "sha": hb.map(|h| h.sha.clone()),
+                    "clean": hb.map(|h| !h.dirty),
+                    "app_ready": hb.map(|h| h.app_ready),
+                    "heartbeat_age_s": state.beat.as_ref().map(|b| (now_ms - b.received_at_ms).max(0) / 1000),
+                    "capacity": {
+                        "max_calls": effective_max_calls(entry, state.beat.as_ref()),
+                        "active_calls": hb.map(|h| h.capacity.active_calls),
+                        "open_calls": state.open_calls,
+                    },
+                    "tunnel_up": hb.map(|h| h.tunnel_up),
+                    "routing_hash": hb.map(|h| h.routing_hash.clone()),
+                    "eligible": reasons.is_empty(),
+                    "reasons": reasons,
+                }));
+            }
+        }
+        let overrides: Vec<Json> = policy
+            .as_ref()
+            .map(|(_, p)| {
+                p.by_caller
+                    .iter()
+                    .map(|(caller, o)| {
+                        json!({"caller": caller, "prefers": o.preferred_node,
+                               "expires_at": format_ms(o.expires_at_ms), "expired": o.expires_at_ms <= now_ms,
+                               "note": o.note})
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let recent = self.decisions(Some(STATUS_DECISIONS), None)?;
+        Ok(json!({
+            "engine": {
+                "operative": policy.is_some() && registry.is_some() && last_webhook_at.is_some(),
+                "last_webhook_at": last_webhook_at,
+            },
+            "policy_revision": policy.as_ref().map(|(r, _)| *r),
+            "nodes_revision": registry.as_ref().map(|(r, _)| *r),
+            "routing_hash": policy.as_ref().map(|(_, p)| routing_hash(&p.routing_lines())),
+            "lines": lines,
+            "nodes": nodes,
+            "overrides": overrides,
+            "counts": {
+                "open_calls": self.count(&format!("SELECT COUNT(*) FROM sessions WHERE state IN {OPEN_STATES}"))?,
+                "pending": self.count("SELECT COUNT(*) FROM events WHERE state = 'pending_assignment'")?,
+                "unroutable": self.count("SELECT COUNT(*) FROM events WHERE state = 'unroutable'")?,
+                "ignored": self.count("SELECT COUNT(*) FROM events WHERE state = 'ignored'")?,
+            },
+            "recent_decisions": recent["decisions"],
+        }))
+    }
+}

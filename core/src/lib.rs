@@ -1,0 +1,80 @@
+//! callfence-core: every decision callfence makes, as plain Rust that does no
+//! I/O, reads no clock and draws no randomness.
+//!
+//! The Worker (root crate) and the node agent (`agent/`) only translate HTTP
+//! and storage to and from this crate. Time always arrives as a parameter
+//! (`now_ms`, Unix milliseconds); storage arrives as a [`store::Store`].
+//!
+//! # Layout
+//!
+//! Wire formats and cryptography (pure functions):
+//! - [`encoding`]: strict base64 flavours, SHA-256 hex, constant-time compare.
+//! - [`time`]: RFC 3339 (UTC, milliseconds) to and from Unix milliseconds.
+//! - [`number`]: phone number normalisation to canonical E.164, masking for logs.
+//! - [`telnyx`]: carrier signature verification and webhook envelope parsing.
+//! - [`node_auth`]: node-signed requests (`Callfence-*` headers).
+//! - [`assertion`]: the edge's signed `Callfence-Assertion` for forwarded webhooks.
+//! - [`media`]: HMAC media tokens.
+//! - [`fence`]: the deterministic answer `command_id`.
+//! - [`heartbeat`]: heartbeat documents and the routing hash.
+//!
+//! Documents (validated, versioned by compare-and-set):
+//! - [`problem`]: `{path, problem}` validation findings.
+//! - [`registry`]: the node registry.
+//! - [`policy`]: the routing policy and its resolution rule.
+//! - [`document`]: revision preconditions (`If-Match` or a body `revision`).
+//!
+//! Decisions:
+//! - [`eligibility`]: every reason a node may not take a new call.
+//! - [`selection`]: preferred node, then the fallback order.
+//! - [`decision`]: the evidence record of each routing decision.
+//! - [`outcome`]: classification of an origin's answer to a forward.
+//!
+//! State (SQL through [`store::Store`], schema in `migrations/`):
+//! - [`store`]: the storage trait, values, migrations runner, rusqlite backend.
+//! - [`engine`]: the Dispatcher state machine: documents, heartbeats,
+//!   ownership, the event ledger, fences, claims, media checks, the alarm,
+//!   and the read-only views (status, preview, decisions, calls).
+//!
+//! # Invariants
+//!
+//! These hold after every state change; the simulation (`tests/sim`) checks
+//! them after every step.
+//! 1. At most one (node, epoch) is ever granted a call's fence, and only the
+//!    current owner at the current epoch is granted it.
+//! 2. Ownership never changes after a fence grant, and never after an
+//!    ambiguous forward outcome.
+//! 3. Epochs strictly increase across the whole Dispatcher and stay below 2^53.
+//! 4. An outcome reported under a superseded epoch changes nothing.
+//! 5. A delivered event is never forwarded again.
+//! 6. Invalid or unsigned input changes no stored state.
+//! 7. Only eligible nodes are chosen, and every assignment cites the policy
+//!    and registry revisions and a clean SHA.
+//! 8. Document revisions only grow; a stale compare-and-set changes nothing.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod assertion;
+pub mod decision;
+pub mod document;
+pub mod eligibility;
+pub mod encoding;
+pub mod engine;
+pub mod fence;
+pub mod heartbeat;
+pub mod media;
+pub mod node_auth;
+pub mod number;
+pub mod outcome;
+pub mod policy;
+pub mod problem;
+pub mod registry;
+pub mod selection;
+pub mod store;
+pub mod telnyx;
+pub mod time;
+
+/// The largest epoch or revision the Dispatcher will issue: the Durable
+/// Object's SQLite binding carries integers as JavaScript numbers.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;

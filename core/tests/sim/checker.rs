@@ -1,0 +1,506 @@
+//! The invariant checker: fed observations and snapshots of the Dispatcher's
+//! tables after every step, it reports each broken invariant. It knows
+//! nothing of the engine's internals; each invariant has a test below that
+//! hands it a broken history and shows it is reported.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One session's ownership as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Ownership {
+    pub owner: Option<String>,
+    pub epoch: Option<u64>,
+    pub fence: Option<(String, u64)>,
+    pub open: bool,
+    pub created_at_ms: i64,
+}
+
+/// The stored state the checker looks at after a step.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub sessions: BTreeMap<String, Ownership>,
+    /// Events in state `delivered`.
+    pub delivered: BTreeSet<String>,
+    /// Document revisions by kind.
+    pub revisions: BTreeMap<String, u64>,
+    /// Last beat validity per node (valid-until, ms).
+    pub beat_valid_until: BTreeMap<String, i64>,
+}
+
+/// A decision as the checker needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssignmentEvidence {
+    pub node: String,
+    pub rule_claim: bool,
+    pub policy_revision: Option<u64>,
+    pub nodes_revision: Option<u64>,
+    pub chosen_sha: Option<String>,
+    pub chosen_clean: Option<bool>,
+    /// What the simulated node itself last reported: active, clean, ready.
+    pub node_truly_eligible: bool,
+}
+
+/// Something the simulation saw happen in a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observation {
+    /// The engine asked for a forward of this event.
+    Forwarded { event_id: String },
+    /// A duplicate got a delivered answer; `recorded` is what the first delivery recorded.
+    DuplicateAnswered {
+        event_id: String,
+        answer: String,
+        recorded: Option<String>,
+    },
+    /// An outcome was reported as ambiguous for this session and epoch.
+    Ambiguous { session: String, epoch: u64 },
+    /// A report under a superseded epoch: the state before and after.
+    StaleReport { before: String, after: String },
+    /// Invalid or unsigned input: the whole store before and after.
+    InvalidInput { before: String, after: String },
+    /// A compare-and-set with a stale revision: the store before and after.
+    StaleWrite { before: String, after: String },
+    /// A new assignment decision.
+    Assignment(AssignmentEvidence),
+    /// The alarm ran at this time with this sweep slack.
+    AlarmRan {
+        now_ms: i64,
+        node_lost_after_ms: i64,
+        max_duration_ms: i64,
+        slack_ms: i64,
+    },
+}
+
+/// A broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    SecondFence(String),
+    FenceNotToCurrentOwner(String),
+    MovedAfterAmbiguous(String),
+    StaleReportChangedState,
+    EpochNotIncreasing(String),
+    MovedAfterFence(String),
+    ForwardedAfterDelivery(String),
+    DuplicateAnswerDiffers(String),
+    InvalidInputChangedState,
+    IneligibleChosen(String),
+    AssignmentWithoutEvidence(String),
+    RevisionDecreased(String),
+    StaleWriteChangedState,
+    OpenAfterOwnerLoss(String),
+    OpenAfterMaxDuration(String),
+}
+
+/// The checker's memory across steps.
+#[derive(Default)]
+pub struct Checker {
+    last: Snapshot,
+    max_epoch: u64,
+    ambiguous: BTreeSet<(String, u64)>,
+    pub violations: Vec<Violation>,
+}
+
+impl Checker {
+    /// Checks one step: what was observed, then the state after it.
+    pub fn step(&mut self, observations: &[Observation], after: Snapshot) {
+        for obs in observations {
+            self.observe(obs, &after);
+        }
+        self.compare(&after);
+        self.last = after;
+    }
+
+    fn observe(&mut self, obs: &Observation, after: &Snapshot) {
+        match obs {
+            Observation::Forwarded { event_id } => {
+                if self.last.delivered.contains(event_id) {
+                    self.violations
+                        .push(Violation::ForwardedAfterDelivery(event_id.clone()));
+                }
+            }
+            Observation::DuplicateAnswered {
+                event_id,
+                answer,
+                recorded,
+            } => {
+                if recorded.as_deref() != Some(answer.as_str()) {
+                    self.violations
+                        .push(Violation::DuplicateAnswerDiffers(event_id.clone()));
+                }
+            }
+            Observation::Ambiguous { session, epoch } => {
+                self.ambiguous.insert((session.clone(), *epoch));
+            }
+            Observation::StaleReport { before, after } => {
+                if before != after {
+                    self.violations.push(Violation::StaleReportChangedState);
+                }
+            }
+            Observation::InvalidInput { before, after } => {
+                if before != after {
+                    self.violations.push(Violation::InvalidInputChangedState);
+                }
+            }
+            Observation::StaleWrite { before, after } => {
+                if before != after {
+                    self.violations.push(Violation::StaleWriteChangedState);
+                }
+            }
+            Observation::Assignment(e) => {
+                if !e.rule_claim && !e.node_truly_eligible {
+                    self.violations
+                        .push(Violation::IneligibleChosen(e.node.clone()));
+                }
+                let sha_ok = e
+                    .chosen_sha
+                    .as_deref()
+                    .is_some_and(|s| s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit()));
+                let cited = e.policy_revision.is_some() && e.nodes_revision.is_some();
+                if !e.rule_claim && (!cited || !sha_ok || e.chosen_clean != Some(true)) {
+                    self.violations
+                        .push(Violation::AssignmentWithoutEvidence(e.node.clone()));
+                }
+            }
+            Observation::AlarmRan {
+                now_ms,
+                node_lost_after_ms,
+                max_duration_ms,
+                slack_ms,
+            } => {
+                for (id, s) in &after.sessions {
+                    if !s.open {
+                        continue;
+                    }
+                    if now_ms - s.created_at_ms > max_duration_ms + slack_ms {
+                        self.violations
+                            .push(Violation::OpenAfterMaxDuration(id.clone()));
+                    }
+                    let valid_until = s
+                        .owner
+                        .as_ref()
+                        .and_then(|o| after.beat_valid_until.get(o))
+                        .copied()
+                        .unwrap_or(i64::MIN / 2);
+                    if now_ms - valid_until > node_lost_after_ms + slack_ms {
+                        self.violations
+                            .push(Violation::OpenAfterOwnerLoss(id.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    fn compare(&mut self, after: &Snapshot) {
+        for (kind, rev) in &after.revisions {
+            if self.last.revisions.get(kind).is_some_and(|old| rev < old) {
+                self.violations
+                    .push(Violation::RevisionDecreased(kind.clone()));
+            }
+        }
+        let mut new_epochs = Vec::new();
+        for (id, now) in &after.sessions {
+            let before = self.last.sessions.get(id);
+            let before_epoch = before.and_then(|b| b.epoch);
+            if now.epoch != before_epoch {
+                if let Some(epoch) = now.epoch {
+                    new_epochs.push((id.clone(), epoch));
+                }
+                if let Some(b) = before {
+                    if b.fence.is_some() {
+                        self.violations.push(Violation::MovedAfterFence(id.clone()));
+                    }
+                    if let Some(e) = b.epoch {
+                        if self.ambiguous.contains(&(id.clone(), e)) {
+                            self.violations
+                                .push(Violation::MovedAfterAmbiguous(id.clone()));
+                        }
+                    }
+                }
+            } else if before.is_some_and(|b| b.fence.is_some() && b.owner != now.owner) {
+                self.violations.push(Violation::MovedAfterFence(id.clone()));
+            }
+            let before_fence = before.and_then(|b| b.fence.clone());
+            match (&before_fence, &now.fence) {
+                (Some(old), Some(new)) if old != new => {
+                    self.violations.push(Violation::SecondFence(id.clone()));
+                }
+                (Some(_), None) => self.violations.push(Violation::SecondFence(id.clone())),
+                // Ownership cannot change once fenced (checked above), so the
+                // fence must match the owner and epoch stored with it.
+                (None, Some((node, epoch)))
+                    if now.owner.as_deref() != Some(node.as_str()) || now.epoch != Some(*epoch) =>
+                {
+                    self.violations
+                        .push(Violation::FenceNotToCurrentOwner(id.clone()));
+                }
+                _ => {}
+            }
+        }
+        new_epochs.sort_by_key(|(_, e)| *e);
+        for (id, epoch) in new_epochs {
+            if epoch <= self.max_epoch {
+                self.violations.push(Violation::EpochNotIncreasing(id));
+            } else {
+                self.max_epoch = epoch;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned(owner: &str, epoch: u64, fence: bool) -> Ownership {
+        Ownership {
+            owner: Some(owner.into()),
+            epoch: Some(epoch),
+            fence: fence.then(|| (owner.to_string(), epoch)),
+            open: true,
+            created_at_ms: 0,
+        }
+    }
+
+    fn snap(sessions: &[(&str, Ownership)]) -> Snapshot {
+        Snapshot {
+            sessions: sessions
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+            ..Snapshot::default()
+        }
+    }
+
+    fn run(steps: Vec<(Vec<Observation>, Snapshot)>) -> Vec<Violation> {
+        let mut c = Checker::default();
+        for (obs, s) in steps {
+            c.step(&obs, s);
+        }
+        c.violations
+    }
+
+    #[test]
+    fn a_second_fence_is_reported() {
+        let v = run(vec![
+            (vec![], snap(&[("s", owned("M1", 1, false))])),
+            (vec![], snap(&[("s", owned("M1", 1, true))])),
+            (
+                vec![],
+                snap(&[(
+                    "s",
+                    Ownership {
+                        fence: Some(("M2".into(), 1)),
+                        ..owned("M1", 1, false)
+                    },
+                )]),
+            ),
+        ]);
+        assert!(v.contains(&Violation::SecondFence("s".into())), "{v:?}");
+    }
+
+    #[test]
+    fn a_fence_to_a_non_owner_is_reported() {
+        let v = run(vec![
+            (vec![], snap(&[("s", owned("M1", 1, false))])),
+            (
+                vec![],
+                snap(&[(
+                    "s",
+                    Ownership {
+                        fence: Some(("M2".into(), 1)),
+                        ..owned("M1", 1, false)
+                    },
+                )]),
+            ),
+        ]);
+        assert!(
+            v.contains(&Violation::FenceNotToCurrentOwner("s".into())),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_move_after_an_ambiguous_outcome_is_reported() {
+        let v = run(vec![
+            (vec![], snap(&[("s", owned("M1", 1, false))])),
+            (
+                vec![Observation::Ambiguous {
+                    session: "s".into(),
+                    epoch: 1,
+                }],
+                snap(&[("s", owned("M2", 2, false))]),
+            ),
+        ]);
+        assert!(
+            v.contains(&Violation::MovedAfterAmbiguous("s".into())),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_stale_report_that_changes_state_is_reported() {
+        let v = run(vec![(
+            vec![Observation::StaleReport {
+                before: "a".into(),
+                after: "b".into(),
+            }],
+            Snapshot::default(),
+        )]);
+        assert_eq!(v, vec![Violation::StaleReportChangedState]);
+    }
+
+    #[test]
+    fn a_non_increasing_epoch_is_reported() {
+        let v = run(vec![
+            (vec![], snap(&[("a", owned("M1", 5, false))])),
+            (
+                vec![],
+                snap(&[("a", owned("M1", 5, false)), ("b", owned("M2", 5, false))]),
+            ),
+        ]);
+        assert!(
+            v.contains(&Violation::EpochNotIncreasing("b".into())),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_move_after_a_fence_is_reported() {
+        let v = run(vec![
+            (vec![], snap(&[("s", owned("M1", 1, false))])),
+            (vec![], snap(&[("s", owned("M1", 1, true))])),
+            (
+                vec![],
+                snap(&[(
+                    "s",
+                    Ownership {
+                        owner: Some("M2".into()),
+                        ..owned("M1", 1, true)
+                    },
+                )]),
+            ),
+        ]);
+        assert!(v.contains(&Violation::MovedAfterFence("s".into())), "{v:?}");
+    }
+
+    #[test]
+    fn a_forward_after_delivery_is_reported() {
+        let mut delivered = Snapshot::default();
+        delivered.delivered.insert("e".into());
+        let v = run(vec![
+            (vec![], delivered.clone()),
+            (
+                vec![Observation::Forwarded {
+                    event_id: "e".into(),
+                }],
+                delivered,
+            ),
+        ]);
+        assert_eq!(v, vec![Violation::ForwardedAfterDelivery("e".into())]);
+    }
+
+    #[test]
+    fn a_duplicate_with_another_answer_is_reported() {
+        let v = run(vec![(
+            vec![Observation::DuplicateAnswered {
+                event_id: "e".into(),
+                answer: "M2/2".into(),
+                recorded: Some("M1/1".into()),
+            }],
+            Snapshot::default(),
+        )]);
+        assert_eq!(v, vec![Violation::DuplicateAnswerDiffers("e".into())]);
+    }
+
+    #[test]
+    fn invalid_input_that_changes_state_is_reported() {
+        let v = run(vec![(
+            vec![Observation::InvalidInput {
+                before: "x".into(),
+                after: "y".into(),
+            }],
+            Snapshot::default(),
+        )]);
+        assert_eq!(v, vec![Violation::InvalidInputChangedState]);
+    }
+
+    fn evidence(eligible: bool, clean: Option<bool>) -> AssignmentEvidence {
+        AssignmentEvidence {
+            node: "M3".into(),
+            rule_claim: false,
+            policy_revision: Some(1),
+            nodes_revision: Some(1),
+            chosen_sha: Some("a".repeat(40)),
+            chosen_clean: clean,
+            node_truly_eligible: eligible,
+        }
+    }
+
+    #[test]
+    fn an_ineligible_choice_is_reported() {
+        let v = run(vec![(
+            vec![Observation::Assignment(evidence(false, Some(true)))],
+            Snapshot::default(),
+        )]);
+        assert_eq!(v, vec![Violation::IneligibleChosen("M3".into())]);
+    }
+
+    #[test]
+    fn an_assignment_without_evidence_is_reported() {
+        let v = run(vec![(
+            vec![Observation::Assignment(evidence(true, Some(false)))],
+            Snapshot::default(),
+        )]);
+        assert_eq!(v, vec![Violation::AssignmentWithoutEvidence("M3".into())]);
+        let mut no_rev = evidence(true, Some(true));
+        no_rev.policy_revision = None;
+        let v = run(vec![(
+            vec![Observation::Assignment(no_rev)],
+            Snapshot::default(),
+        )]);
+        assert_eq!(v, vec![Violation::AssignmentWithoutEvidence("M3".into())]);
+    }
+
+    #[test]
+    fn a_decreasing_revision_and_a_stale_write_are_reported() {
+        let mut a = Snapshot::default();
+        a.revisions.insert("policy".into(), 3);
+        let mut b = Snapshot::default();
+        b.revisions.insert("policy".into(), 2);
+        let v = run(vec![
+            (vec![], a),
+            (
+                vec![Observation::StaleWrite {
+                    before: "1".into(),
+                    after: "2".into(),
+                }],
+                b,
+            ),
+        ]);
+        assert!(
+            v.contains(&Violation::RevisionDecreased("policy".into())),
+            "{v:?}"
+        );
+        assert!(v.contains(&Violation::StaleWriteChangedState), "{v:?}");
+    }
+
+    #[test]
+    fn open_calls_after_owner_loss_or_max_duration_are_reported() {
+        let mut s = snap(&[("s", owned("M1", 1, false))]);
+        s.beat_valid_until.insert("M1".into(), 0);
+        let alarm = Observation::AlarmRan {
+            now_ms: 200_000,
+            node_lost_after_ms: 120_000,
+            max_duration_ms: 100_000,
+            slack_ms: 1_000,
+        };
+        let v = run(vec![(vec![alarm], s)]);
+        assert!(
+            v.contains(&Violation::OpenAfterOwnerLoss("s".into())),
+            "{v:?}"
+        );
+        assert!(
+            v.contains(&Violation::OpenAfterMaxDuration("s".into())),
+            "{v:?}"
+        );
+    }
+}

@@ -1,0 +1,866 @@
+//! The simulated world: carrier, nodes, operators and the Worker's glue
+//! around the real engine.
+
+use crate::checker::{AssignmentEvidence, Checker, Observation, Ownership, Snapshot};
+use callfence_core::document::DocKind;
+use callfence_core::eligibility::is_valid_sha;
+use callfence_core::encoding::b64_encode;
+use callfence_core::engine::{
+    Engine, EngineConfig, FenceReply, FenceRequest, Forward, Ingress, Report, ReportEffect,
+    ReportedAnswer, Timing,
+};
+use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, Mode, HEARTBEAT_SCHEMA};
+use callfence_core::media::MediaKeys;
+use callfence_core::store::sqlite::SqliteStore;
+use callfence_core::store::{migrate, Store, Value};
+use callfence_core::telnyx::{self, TelnyxKeys};
+use ed25519_dalek::{Signer, SigningKey};
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+const T0: i64 = 1_796_000_000_000;
+const LINES: [(&str, &str); 2] = [
+    ("property_management_ca", "+15102160079"),
+    ("front_desk", "+15105550123"),
+];
+const NODES: [&str; 3] = ["M1", "M2", "M3"];
+
+/// splitmix64: small, seeded, reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Behavior {
+    Ok,
+    Timeout,
+    NotAdmitted,
+    ServerError,
+}
+
+struct SimNode {
+    id: &'static str,
+    alive: bool,
+    dirty: bool,
+    mode: Mode,
+    sha: String,
+    behavior: Behavior,
+    seq: u64,
+    /// Sessions this node admitted (the agent answers them, never not_admitted).
+    admitted: BTreeSet<String>,
+    /// Every beat sent: (sent at, eligible by its own account).
+    beats: Vec<(i64, bool)>,
+}
+
+struct CallEvent {
+    event_id: String,
+    event_type: &'static str,
+    body: String,
+}
+
+struct Delivery {
+    at: i64,
+    event: usize,
+    tries_left: u32,
+}
+
+struct LateReport {
+    at: i64,
+    report: Report,
+    session: String,
+}
+
+pub struct World {
+    rng: Rng,
+    now: i64,
+    engine: Option<Engine<SqliteStore>>,
+    config: EngineConfig,
+    nodes: Vec<SimNode>,
+    telnyx_key: SigningKey,
+    telnyx_keys: TelnyxKeys,
+    media_keys: MediaKeys,
+    events: Vec<CallEvent>,
+    deliveries: Vec<Delivery>,
+    reports: Vec<LateReport>,
+    next_alarm: Option<i64>,
+    next_beat: i64,
+    obs: Vec<Observation>,
+    recorded: HashMap<String, String>,
+    last_decision: i64,
+    calls: u64,
+    pub checker: Checker,
+    pub steps: u64,
+    pub forwards: u64,
+    pub fences: u64,
+}
+
+fn node_key(i: usize) -> SigningKey {
+    SigningKey::from_bytes(&[i as u8 + 1; 32])
+}
+
+impl World {
+    pub fn new(seed: u64) -> Self {
+        let store = SqliteStore::in_memory().expect("sqlite");
+        migrate(&store, T0).expect("migrate");
+        let config = EngineConfig {
+            forward_timeout_ms: 1_500,
+            connection_ids: None,
+            allow_plaintext: false,
+            timing: Timing {
+                node_lost_after_ms: 20_000,
+                max_duration_ms: 90_000,
+                retention_ms: 600_000,
+                sweep_interval_ms: 5_000,
+                ..Timing::default()
+            },
+        };
+        let telnyx_key = SigningKey::from_bytes(&[42; 32]);
+        let telnyx_keys =
+            TelnyxKeys::parse(&b64_encode(telnyx_key.verifying_key().as_bytes())).expect("keys");
+        let media_keys =
+            MediaKeys::parse(&format!("m1:{}", b64_encode(&[7u8; 32]))).expect("media keys");
+        let mut rng = Rng(seed);
+        let nodes = NODES
+            .iter()
+            .map(|id| SimNode {
+                id,
+                alive: !rng.chance(5),
+                dirty: rng.chance(10),
+                mode: Mode::Active,
+                sha: format!("{:040x}", rng.below(3) + 0xabc),
+                behavior: Behavior::Ok,
+                seq: 0,
+                admitted: BTreeSet::new(),
+                beats: Vec::new(),
+            })
+            .collect();
+        let mut world = Self {
+            rng,
+            now: T0,
+            engine: Some(Engine::new(store, config.clone())),
+            config,
+            nodes,
+            telnyx_key,
+            telnyx_keys,
+            media_keys,
+            events: Vec::new(),
+            deliveries: Vec::new(),
+            reports: Vec::new(),
+            next_alarm: None,
+            next_beat: T0,
+            obs: Vec::new(),
+            recorded: HashMap::new(),
+            last_decision: 0,
+            calls: 0,
+            checker: Checker::default(),
+            steps: 0,
+            forwards: 0,
+            fences: 0,
+        };
+        world.write_documents();
+        world
+    }
+
+    fn engine(&self) -> &Engine<SqliteStore> {
+        self.engine.as_ref().expect("engine")
+    }
+
+    fn write_documents(&mut self) {
+        let nodes: serde_json::Map<String, serde_json::Value> = NODES
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let role = if *id == "M3" { "candidate" } else { "stable" };
+                (
+                    id.to_string(),
+                    json!({"role": role, "origin_url": format!("https://{}.example.com/callfence/telnyx", id.to_lowercase()),
+                           "keys": {"k1": b64_encode(node_key(i).verifying_key().as_bytes())},
+                           "canary_go": true, "fallback_approved": false, "admin_drained": false, "max_calls": 3}),
+                )
+            })
+            .collect();
+        let registry = json!({"schema": "callfence_nodes_v1", "nodes": nodes});
+        self.engine()
+            .put_document(
+                DocKind::Nodes,
+                registry.to_string().as_bytes(),
+                Some("\"0\""),
+                "sim",
+                self.now,
+            )
+            .expect("registry");
+        let policy = json!({
+            "schema": "riff_node_routing_policy_v1", "default_node": "M1",
+            "by_line": {
+                LINES[0].0: {"called_number": LINES[0].1, "preferred_node": "M3", "fallback_node": "M2"},
+                LINES[1].0: {"called_number": LINES[1].1, "preferred_node": "M2"}
+            },
+            "by_caller": {"+14155550100": {"preferred_node": "M3", "expires_at": callfence_core::time::format_ms(self.now + 3_600_000)}}
+        });
+        self.engine()
+            .put_document(
+                DocKind::Policy,
+                policy.to_string().as_bytes(),
+                Some("\"0\""),
+                "sim",
+                self.now,
+            )
+            .expect("policy");
+    }
+
+    pub fn run(&mut self) {
+        let steps = 80 + self.rng.below(120);
+        for _ in 0..steps {
+            self.step();
+        }
+    }
+
+    fn step(&mut self) {
+        self.steps += 1;
+        match self.rng.below(100) {
+            0..=14 => self.new_call(),
+            15..=44 => self.deliver_next(),
+            45..=59 => self.advance(),
+            60..=69 => self.node_change(),
+            70..=74 => self.rogue_fence(),
+            75..=77 => self.stale_write(),
+            78..=79 => self.restart(),
+            80..=82 => self.invalid_input(),
+            _ => self.late_report(),
+        }
+        let after = self.snapshot();
+        self.collect_decisions();
+        let obs = std::mem::take(&mut self.obs);
+        self.checker.step(&obs, after);
+    }
+
+    // ---- the carrier -------------------------------------------------------
+
+    fn new_call(&mut self) {
+        self.calls += 1;
+        let session = format!("sess-{}", self.calls);
+        let ccid = format!("v3:leg-{}", self.calls);
+        let to = match self.rng.below(4) {
+            0 => LINES[0].1.to_string(),
+            1 => "(510) 555-0123".to_string(),
+            2 => "sip:+15102160079@sip.telnyx.com".to_string(),
+            _ => "+12025550133".to_string(),
+        };
+        let from = if self.rng.chance(20) {
+            "+14155550100"
+        } else {
+            "+12125550199"
+        };
+        for (i, event_type) in ["call.initiated", "call.answered", "call.hangup"]
+            .into_iter()
+            .enumerate()
+        {
+            let event_id = format!("evt-{}-{i}", self.calls);
+            let body = json!({"data": {"id": event_id, "event_type": event_type, "record_type": "event",
+                "payload": {"call_session_id": session, "call_control_id": ccid, "from": from, "to": to, "direction": "incoming"}}})
+            .to_string();
+            self.events.push(CallEvent {
+                event_id,
+                event_type,
+                body,
+            });
+            let idx = self.events.len() - 1;
+            let at = self.now + (i as i64) * (500 + self.rng.below(4000) as i64);
+            self.deliveries.push(Delivery {
+                at,
+                event: idx,
+                tries_left: 3,
+            });
+            if self.rng.chance(25) {
+                // A duplicate, possibly via the failover URL, possibly before the original.
+                let skew = self.rng.below(3000) as i64 - 1000;
+                self.deliveries.push(Delivery {
+                    at: at + skew,
+                    event: idx,
+                    tries_left: 1,
+                });
+            }
+        }
+    }
+
+    fn deliver_next(&mut self) {
+        if self.deliveries.is_empty() {
+            return;
+        }
+        // Reorder: pick any of the three earliest deliveries.
+        self.deliveries.sort_by_key(|d| d.at);
+        let pick = self.rng.below(self.deliveries.len().min(3) as u64) as usize;
+        let delivery = self.deliveries.remove(pick);
+        self.now = self.now.max(delivery.at);
+        let ok = self.webhook(delivery.event);
+        if !ok && delivery.tries_left > 1 {
+            self.deliveries.push(Delivery {
+                at: self.now + 2_000,
+                event: delivery.event,
+                tries_left: delivery.tries_left - 1,
+            });
+        }
+    }
+
+    /// The Worker's ingress path. Returns true when the carrier got a 200.
+    fn webhook(&mut self, idx: usize) -> bool {
+        let body = self.events[idx].body.clone();
+        let event_id = self.events[idx].event_id.clone();
+        let ts = (self.now / 1000).to_string();
+        let sig = b64_encode(
+            &self
+                .telnyx_key
+                .sign(format!("{ts}|{body}").as_bytes())
+                .to_bytes(),
+        );
+        telnyx::verify(
+            &self.telnyx_keys,
+            Some(&sig),
+            Some(&ts),
+            body.as_bytes(),
+            self.now,
+        )
+        .expect("signed");
+        let envelope = telnyx::parse_envelope(body.as_bytes()).expect("envelope");
+        let headers = vec![("telnyx-timestamp".to_string(), ts)];
+        let ingress = self
+            .engine()
+            .handle_webhook(&envelope, &body, &headers, self.now)
+            .expect("engine");
+        self.after_store_change();
+        match ingress {
+            Ingress::Forward(f) => self.forward(f, 1_500),
+            Ingress::Delivered(d) => {
+                let answer = format!("{}/{}", d.delivered_to, d.epoch);
+                let recorded = self.recorded.get(&event_id).cloned();
+                self.obs.push(Observation::DuplicateAnswered {
+                    event_id,
+                    answer,
+                    recorded,
+                });
+                true
+            }
+            Ingress::Ignored | Ingress::Unroutable => true,
+            Ingress::InProgress | Ingress::Pending(_) | Ingress::Rejected => false,
+        }
+    }
+
+    /// Sends a forward to the simulated node and reports (or delays, or
+    /// loses) the outcome. Returns true when the carrier would get a 200.
+    fn forward(&mut self, f: Forward, budget_ms: i64) -> bool {
+        self.forwards += 1;
+        self.obs.push(Observation::Forwarded {
+            event_id: f.event_id.clone(),
+        });
+        let idx = self
+            .nodes
+            .iter()
+            .position(|n| n.id == f.node)
+            .expect("known node");
+        let node = &self.nodes[idx];
+        let behavior = if !node.alive {
+            None
+        } else if node.admitted.contains(&f.call_session_id)
+            && node.behavior == Behavior::NotAdmitted
+        {
+            Some(Behavior::Ok)
+        } else if node.mode != Mode::Active && !node.admitted.contains(&f.call_session_id) {
+            Some(Behavior::NotAdmitted)
+        } else {
+            Some(node.behavior)
+        };
+        let acted = match behavior {
+            Some(Behavior::Ok) => true,
+            Some(Behavior::Timeout | Behavior::ServerError) => self.rng.chance(50),
+            _ => false,
+        };
+        if acted {
+            self.nodes[idx].admitted.insert(f.call_session_id.clone());
+            let event = self.events.iter().find(|e| e.event_id == f.event_id);
+            if event.is_some_and(|e| e.event_type == "call.initiated") {
+                self.fence(
+                    idx,
+                    &f.call_session_id,
+                    f.call_control_id.as_deref().unwrap_or(""),
+                    f.epoch,
+                );
+                if self.rng.chance(20) {
+                    self.fence(
+                        idx,
+                        &f.call_session_id,
+                        f.call_control_id.as_deref().unwrap_or(""),
+                        f.epoch,
+                    );
+                }
+            }
+        }
+        let answer = match behavior {
+            None => ReportedAnswer::NetworkError,
+            Some(Behavior::Ok) => ReportedAnswer::Http {
+                status: 200,
+                body: "{}".into(),
+            },
+            Some(Behavior::Timeout) => ReportedAnswer::Timeout,
+            Some(Behavior::ServerError) => ReportedAnswer::Http {
+                status: 500,
+                body: "oops".into(),
+            },
+            Some(Behavior::NotAdmitted) => ReportedAnswer::Http {
+                status: 503,
+                body: r#"{"callfence":"not_admitted"}"#.into(),
+            },
+        };
+        let not_admitted = behavior == Some(Behavior::NotAdmitted);
+        let ambiguous = matches!(
+            answer,
+            ReportedAnswer::Timeout
+                | ReportedAnswer::NetworkError
+                | ReportedAnswer::Http { status: 500, .. }
+        );
+        let report = Report {
+            event_id: f.event_id.clone(),
+            epoch: f.epoch,
+            attempt: f.attempt,
+            answer,
+            budget_left_ms: budget_ms - 200,
+        };
+        match self.rng.below(10) {
+            0 if !not_admitted => {
+                // Lost: the lease lapses, which the engine must treat as ambiguous.
+                self.obs.push(Observation::Ambiguous {
+                    session: f.call_session_id,
+                    epoch: f.epoch,
+                });
+                false
+            }
+            1 | 2 => {
+                if ambiguous {
+                    self.obs.push(Observation::Ambiguous {
+                        session: f.call_session_id.clone(),
+                        epoch: f.epoch,
+                    });
+                }
+                let at = self.now + self.rng.below(5_000) as i64;
+                self.reports.push(LateReport {
+                    at,
+                    report,
+                    session: f.call_session_id,
+                });
+                false
+            }
+            _ => {
+                if ambiguous {
+                    self.obs.push(Observation::Ambiguous {
+                        session: f.call_session_id.clone(),
+                        epoch: f.epoch,
+                    });
+                }
+                self.report(report, &f.call_session_id)
+            }
+        }
+    }
+
+    fn report(&mut self, report: Report, session: &str) -> bool {
+        let current = self.session_epoch(session);
+        let stale = current != Some(report.epoch);
+        let before = stale.then(|| self.dump());
+        let effect = self
+            .engine()
+            .handle_report(&report, self.now)
+            .expect("report");
+        if let Some(before) = before {
+            let after = self.dump();
+            self.obs.push(Observation::StaleReport { before, after });
+        }
+        self.after_store_change();
+        match effect {
+            ReportEffect::Delivered(d) => {
+                self.recorded
+                    .entry(d.event_id.clone())
+                    .or_insert(format!("{}/{}", d.delivered_to, d.epoch));
+                true
+            }
+            ReportEffect::Reassigned(Some(f)) => {
+                let budget = report.budget_left_ms;
+                self.forward(f, budget)
+            }
+            ReportEffect::Reassigned(None) | ReportEffect::Unknown | ReportEffect::Parked(_) => {
+                false
+            }
+        }
+    }
+
+    fn late_report(&mut self) {
+        if self.reports.is_empty() {
+            return;
+        }
+        let i = self.rng.below(self.reports.len() as u64) as usize;
+        let late = self.reports.remove(i);
+        self.now = self.now.max(late.at);
+        self.report(late.report, &late.session);
+    }
+
+    // ---- nodes -------------------------------------------------------------
+
+    fn fence(&mut self, node: usize, session: &str, ccid: &str, epoch: u64) {
+        let req = FenceRequest {
+            call_session_id: session.into(),
+            call_control_id: ccid.into(),
+            epoch,
+            purpose: "answer".into(),
+        };
+        let id = self.nodes[node].id;
+        let reply = self
+            .engine()
+            .handle_fence(id, &req, &self.media_keys, self.now)
+            .expect("fence");
+        if let FenceReply::Granted(g) = reply {
+            if g.first {
+                self.fences += 1;
+            }
+        }
+    }
+
+    fn rogue_fence(&mut self) {
+        if self.calls == 0 {
+            return;
+        }
+        let node = self.rng.below(NODES.len() as u64) as usize;
+        let call = 1 + self.rng.below(self.calls);
+        let epoch = 1 + self.rng.below(self.calls * 2 + 2);
+        self.fence(
+            node,
+            &format!("sess-{call}"),
+            &format!("v3:leg-{call}"),
+            epoch,
+        );
+    }
+
+    fn node_change(&mut self) {
+        let i = self.rng.below(NODES.len() as u64) as usize;
+        let choice = self.rng.below(9);
+        let node = &mut self.nodes[i];
+        match choice {
+            0 => node.alive = !node.alive,
+            1 => node.dirty = !node.dirty,
+            2 => node.mode = Mode::Drained,
+            3 => node.mode = Mode::Shadow,
+            4 => node.mode = Mode::Active,
+            5 => node.sha = format!("{:040x}", self.rng.below(5) + 0xabc),
+            6 => node.behavior = Behavior::Timeout,
+            7 => node.behavior = Behavior::NotAdmitted,
+            _ => node.behavior = Behavior::ServerError,
+        }
+        if self.rng.chance(50) {
+            self.nodes[i].behavior = Behavior::Ok;
+        }
+    }
+
+    fn beat(&mut self, i: usize) {
+        let node = &self.nodes[i];
+        if !node.alive {
+            return;
+        }
+        let lines: BTreeMap<String, String> = LINES
+            .iter()
+            .map(|(l, n)| (l.to_string(), n.to_string()))
+            .collect();
+        let seq = (node.seq + 1).max(self.now as u64);
+        let hb = Heartbeat {
+            schema: HEARTBEAT_SCHEMA.into(),
+            node: node.id.into(),
+            seq,
+            sent_at: callfence_core::time::format_ms(self.now),
+            valid_for_s: 15,
+            mode: node.mode,
+            sha: node.sha.clone(),
+            dirty: node.dirty,
+            app_ready: true,
+            capacity: Capacity {
+                max_calls: 3,
+                active_calls: 0,
+            },
+            tunnel_up: true,
+            origin_url: format!(
+                "https://{}.example.com/callfence/telnyx",
+                node.id.to_lowercase()
+            ),
+            routing_hash: routing_hash(&lines),
+            lines,
+            agent_version: "sim".into(),
+        };
+        let truly = hb.mode == Mode::Active && !hb.dirty && is_valid_sha(&hb.sha);
+        let body = serde_json::to_vec(&hb).expect("json");
+        let id = node.id;
+        self.engine()
+            .handle_heartbeat(id, self.now / 1000, &body, self.now)
+            .expect("beat accepted");
+        self.nodes[i].seq = seq;
+        self.nodes[i].beats.push((self.now, truly));
+    }
+
+    // ---- time, alarm, operators, restarts ------------------------------------
+
+    fn advance(&mut self) {
+        let target = self.now + 10 + self.rng.below(6_000) as i64;
+        while self.now < target {
+            let next = [Some(self.next_beat), self.next_alarm, Some(target)]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(target);
+            self.now = next.max(self.now);
+            if self.now >= self.next_beat {
+                for i in 0..self.nodes.len() {
+                    self.beat(i);
+                }
+                self.next_beat = self.now + 5_000;
+            }
+            if self.next_alarm.is_some_and(|a| a <= self.now) {
+                self.alarm();
+            }
+            if self.now >= target {
+                break;
+            }
+        }
+    }
+
+    fn alarm(&mut self) {
+        let work = self.engine().poll_alarm(self.now).expect("alarm");
+        let t = &self.config.timing;
+        self.obs.push(Observation::AlarmRan {
+            now_ms: self.now,
+            node_lost_after_ms: t.node_lost_after_ms,
+            max_duration_ms: t.max_duration_ms,
+            slack_ms: 0,
+        });
+        self.next_alarm = work.next_alarm_ms;
+        for f in work.forwards {
+            self.forward(f, 0);
+        }
+        self.after_store_change();
+    }
+
+    /// The Dispatcher arms its alarm after every state change.
+    fn after_store_change(&mut self) {
+        if self.next_alarm.is_none() {
+            self.next_alarm = Some(self.now + 1_000);
+        }
+    }
+
+    fn restart(&mut self) {
+        let store = self.engine.take().expect("engine").into_store();
+        self.engine = Some(Engine::new(store, self.config.clone()));
+        self.next_alarm = Some(self.now);
+    }
+
+    fn stale_write(&mut self) {
+        let kind = if self.rng.chance(50) {
+            DocKind::Policy
+        } else {
+            DocKind::Nodes
+        };
+        let (rev, doc) = self.engine().get_document(kind, None).expect("document");
+        let before = self.dump();
+        let stale = format!("\"{}\"", rev.saturating_sub(1 + self.rng.below(2)));
+        let result = self.engine().put_document(
+            kind,
+            doc.to_string().as_bytes(),
+            Some(&stale),
+            "sim",
+            self.now,
+        );
+        assert!(result.is_err(), "a stale write was accepted");
+        let after = self.dump();
+        self.obs.push(Observation::StaleWrite { before, after });
+        if self.rng.chance(30) {
+            // A valid rewrite: the revision must grow.
+            let ok = format!("\"{rev}\"");
+            self.engine()
+                .put_document(kind, doc.to_string().as_bytes(), Some(&ok), "sim", self.now)
+                .expect("rewrite");
+        }
+    }
+
+    fn invalid_input(&mut self) {
+        let before = self.dump();
+        let node = NODES[self.rng.below(3) as usize];
+        let _ = self.engine().handle_heartbeat(
+            node,
+            self.now / 1000,
+            b"{\"schema\":\"nope\"}",
+            self.now,
+        );
+        let _ = self.engine().put_document(
+            DocKind::Policy,
+            b"{\"schema\":1}",
+            Some("\"1\""),
+            "sim",
+            self.now,
+        );
+        let _ = self
+            .engine()
+            .put_document(DocKind::Nodes, b"[]", None, "sim", self.now);
+        // An unsigned webhook never reaches the engine: the Worker's check refuses it.
+        let body = br#"{"data":{"id":"forged","event_type":"call.initiated","payload":{"call_session_id":"x"}}}"#;
+        let ts = (self.now / 1000).to_string();
+        assert!(telnyx::verify(
+            &self.telnyx_keys,
+            Some(&b64_encode(&[0u8; 64])),
+            Some(&ts),
+            body,
+            self.now
+        )
+        .is_err());
+        let after = self.dump();
+        self.obs.push(Observation::InvalidInput { before, after });
+    }
+
+    // ---- observation ---------------------------------------------------------
+
+    fn session_epoch(&self, session: &str) -> Option<u64> {
+        let rows = self
+            .engine()
+            .store()
+            .exec(
+                "SELECT epoch FROM sessions WHERE call_session_id = ?",
+                &[session.into()],
+            )
+            .expect("query");
+        rows.first().and_then(|r| r[0].as_int()).map(|e| e as u64)
+    }
+
+    /// Every table except the bookkeeping counter of webhook arrival.
+    fn dump(&self) -> String {
+        let store = self.engine().store();
+        let mut out = String::new();
+        for table in [
+            "documents",
+            "heartbeats",
+            "node_health",
+            "sessions",
+            "legs",
+            "events",
+            "decisions",
+        ] {
+            let rows = store
+                .exec(&format!("SELECT * FROM {table} ORDER BY 1"), &[])
+                .expect("dump");
+            out.push_str(&format!("{table}:{rows:?}\n"));
+        }
+        out
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let store = self.engine().store();
+        let mut snap = Snapshot::default();
+        let rows = store
+            .exec("SELECT call_session_id, owner, epoch, fence_node, fence_epoch, state, created_at FROM sessions", &[])
+            .expect("sessions");
+        for r in rows {
+            let text = |i: usize| r[i].as_text().map(str::to_owned);
+            let fence = match (text(3), r[4].as_int()) {
+                (Some(n), Some(e)) => Some((n, e as u64)),
+                _ => None,
+            };
+            let state = text(5).unwrap_or_default();
+            snap.sessions.insert(
+                text(0).unwrap_or_default(),
+                Ownership {
+                    owner: text(1),
+                    epoch: r[2].as_int().map(|e| e as u64),
+                    fence,
+                    open: state == "assigned" || state == "answered",
+                    created_at_ms: r[6].as_int().unwrap_or(0),
+                },
+            );
+        }
+        for r in store
+            .exec("SELECT event_id FROM events WHERE state = 'delivered'", &[])
+            .expect("events")
+        {
+            snap.delivered
+                .insert(r[0].as_text().unwrap_or_default().to_owned());
+        }
+        for r in store
+            .exec(
+                "SELECT kind, MAX(revision) FROM documents GROUP BY kind",
+                &[],
+            )
+            .expect("docs")
+        {
+            snap.revisions.insert(
+                r[0].as_text().unwrap_or_default().to_owned(),
+                r[1].as_int().unwrap_or(0) as u64,
+            );
+        }
+        for r in store
+            .exec(
+                "SELECT node, body, received_at, signed_at FROM heartbeats",
+                &[],
+            )
+            .expect("beats")
+        {
+            let valid_for = serde_json::from_str::<Heartbeat>(r[1].as_text().unwrap_or("{}"))
+                .map(|h| h.valid_for_s)
+                .unwrap_or(0);
+            let received = r[2].as_int().unwrap_or(0);
+            let signed = r[3].as_int().unwrap_or(0);
+            snap.beat_valid_until.insert(
+                r[0].as_text().unwrap_or_default().to_owned(),
+                received.min(signed + 2_000) + i64::from(valid_for) * 1000,
+            );
+        }
+        snap
+    }
+
+    fn collect_decisions(&mut self) {
+        let rows = self
+            .engine()
+            .store()
+            .exec("SELECT decision_id, body FROM decisions WHERE decision_id > ? ORDER BY decision_id", &[Value::Int(self.last_decision)])
+            .expect("decisions");
+        for r in rows {
+            self.last_decision = r[0].as_int().unwrap_or(0);
+            let d: serde_json::Value =
+                serde_json::from_str(r[1].as_text().unwrap_or("{}")).expect("decision json");
+            let outcome = d["outcome"].as_str().unwrap_or_default();
+            if outcome != "assigned" && outcome != "reassigned" {
+                continue;
+            }
+            let node = d["chosen"].as_str().unwrap_or_default().to_owned();
+            let sim = self.nodes.iter().find(|n| n.id == node);
+            // The beat in force when the decision was made.
+            let at = d["at"]
+                .as_str()
+                .and_then(callfence_core::time::parse_ms)
+                .unwrap_or(self.now);
+            let truly = sim
+                .and_then(|n| n.beats.iter().rev().find(|(sent, _)| *sent <= at))
+                .is_some_and(|(sent, eligible)| *eligible && at - sent <= 17_000);
+            self.obs.push(Observation::Assignment(AssignmentEvidence {
+                node,
+                rule_claim: d["rule"] == "claim",
+                policy_revision: d["policy_revision"].as_u64(),
+                nodes_revision: d["nodes_revision"].as_u64(),
+                chosen_sha: d["chosen_sha"].as_str().map(str::to_owned),
+                chosen_clean: d["chosen_clean"].as_bool(),
+                node_truly_eligible: truly,
+            }));
+        }
+    }
+}
