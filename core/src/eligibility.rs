@@ -260,3 +260,351 @@ fn beat_reasons(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::heartbeat::Capacity;
+    use std::collections::BTreeMap;
+
+    const NOW: i64 = 1_796_000_000_000;
+    const ORIGIN: &str = "https://m1.example.com/callfence/telnyx";
+    const LINE: LineRef<'static> = LineRef {
+        line_id: "sales",
+        called_number: "+15102160079",
+    };
+
+    fn entry(role: Role) -> NodeEntry {
+        NodeEntry {
+            role,
+            origin_url: ORIGIN.into(),
+            keys: BTreeMap::new(),
+            fallback_approved: false,
+            admin_drained: false,
+            max_calls: None,
+            canary_go: false,
+            allowed_shas: None,
+        }
+    }
+
+    fn beat() -> Beat {
+        Beat {
+            heartbeat: Heartbeat {
+                schema: crate::heartbeat::HEARTBEAT_SCHEMA.into(),
+                node: "M1".into(),
+                seq: 1,
+                sent_at: String::new(),
+                valid_for_s: 15,
+                mode: Mode::Active,
+                sha: "a".repeat(40),
+                dirty: false,
+                app_ready: true,
+                capacity: Capacity {
+                    max_calls: 10,
+                    active_calls: 0,
+                },
+                tunnel_up: true,
+                origin_url: ORIGIN.into(),
+                lines: [("sales".to_string(), "+15102160079".to_string())].into(),
+                routing_hash: String::new(),
+                agent_version: "test".into(),
+            },
+            received_at_ms: NOW,
+            signed_at_ms: NOW,
+        }
+    }
+
+    /// The reasons for a stable node with `entry` and `beat` changed by the
+    /// closures, preferred for a call on LINE.
+    fn reasons(
+        edit_entry: impl FnOnce(&mut NodeEntry),
+        edit_beat: impl FnOnce(&mut Beat),
+    ) -> Vec<Reason> {
+        let mut e = entry(Role::Stable);
+        edit_entry(&mut e);
+        let mut b = beat();
+        edit_beat(&mut b);
+        let facts = NodeFacts {
+            entry: Some(&e),
+            beat: Some(&b),
+            open_calls: 0,
+            last_failure_at_ms: None,
+            last_delivery_at_ms: None,
+        };
+        check(&facts, Candidacy::Preferred, Some(LINE), NOW + 1_000)
+    }
+
+    fn only(reason: Reason, got: Vec<Reason>) {
+        assert_eq!(got, vec![reason]);
+    }
+
+    #[test]
+    fn a_healthy_node_is_eligible() {
+        assert!(reasons(|_| {}, |_| {}).is_empty());
+    }
+
+    #[test]
+    fn not_registered() {
+        let facts = NodeFacts {
+            entry: None,
+            beat: None,
+            open_calls: 0,
+            last_failure_at_ms: None,
+            last_delivery_at_ms: None,
+        };
+        only(
+            Reason::NotRegistered,
+            check(&facts, Candidacy::Preferred, None, NOW),
+        );
+    }
+
+    #[test]
+    fn admin_drained() {
+        only(
+            Reason::AdminDrained,
+            reasons(|e| e.admin_drained = true, |_| {}),
+        );
+    }
+
+    #[test]
+    fn no_heartbeat() {
+        let e = entry(Role::Stable);
+        let facts = NodeFacts {
+            entry: Some(&e),
+            beat: None,
+            open_calls: 0,
+            last_failure_at_ms: None,
+            last_delivery_at_ms: None,
+        };
+        only(
+            Reason::NoHeartbeat,
+            check(&facts, Candidacy::Preferred, None, NOW),
+        );
+    }
+
+    #[test]
+    fn heartbeat_stale_counts_from_the_earlier_of_receipt_and_signed_time_plus_grace() {
+        // Received at NOW, valid 15 s: fresh at NOW+15 s, stale just after.
+        let b = beat();
+        assert!(!b.is_stale(NOW + 15_000));
+        assert!(b.is_stale(NOW + 15_001));
+        // A beat signed 5 s before receipt is stale 2 s + 15 s after signing.
+        only(
+            Reason::HeartbeatStale,
+            reasons(
+                |_| {},
+                |b| {
+                    b.signed_at_ms = NOW - 19_000;
+                    b.received_at_ms = NOW - 9_000;
+                    b.heartbeat.valid_for_s = 10;
+                },
+            ),
+        );
+    }
+
+    #[test]
+    fn clock_skew() {
+        only(
+            Reason::ClockSkew,
+            reasons(|_| {}, |b| b.signed_at_ms = NOW + 10_001),
+        );
+        assert!(reasons(|_| {}, |b| b.signed_at_ms = NOW + 10_000).is_empty());
+    }
+
+    #[test]
+    fn mode_shadow_and_mode_drained() {
+        only(
+            Reason::ModeShadow,
+            reasons(|_| {}, |b| b.heartbeat.mode = Mode::Shadow),
+        );
+        only(
+            Reason::ModeDrained,
+            reasons(|_| {}, |b| b.heartbeat.mode = Mode::Drained),
+        );
+    }
+
+    #[test]
+    fn dirty() {
+        only(Reason::Dirty, reasons(|_| {}, |b| b.heartbeat.dirty = true));
+    }
+
+    #[test]
+    fn sha_invalid() {
+        only(
+            Reason::ShaInvalid,
+            reasons(|_| {}, |b| b.heartbeat.sha = "A".repeat(40)),
+        );
+        only(
+            Reason::ShaInvalid,
+            reasons(|_| {}, |b| b.heartbeat.sha = "abc".into()),
+        );
+    }
+
+    #[test]
+    fn sha_not_allowed() {
+        only(
+            Reason::ShaNotAllowed,
+            reasons(|e| e.allowed_shas = Some(vec!["b".repeat(40)]), |_| {}),
+        );
+        assert!(reasons(|e| e.allowed_shas = Some(vec!["a".repeat(40)]), |_| {}).is_empty());
+    }
+
+    #[test]
+    fn app_down() {
+        only(
+            Reason::AppDown,
+            reasons(|_| {}, |b| b.heartbeat.app_ready = false),
+        );
+    }
+
+    #[test]
+    fn capacity_exhausted_uses_the_smaller_limit_and_the_larger_count() {
+        only(
+            Reason::CapacityExhausted,
+            reasons(|_| {}, |b| b.heartbeat.capacity.active_calls = 10),
+        );
+        only(
+            Reason::CapacityExhausted,
+            reasons(
+                |e| e.max_calls = Some(2),
+                |b| b.heartbeat.capacity.active_calls = 2,
+            ),
+        );
+        assert!(reasons(
+            |e| e.max_calls = Some(3),
+            |b| b.heartbeat.capacity.active_calls = 2
+        )
+        .is_empty());
+        let e = entry(Role::Stable);
+        let b = beat();
+        let facts = NodeFacts {
+            entry: Some(&e),
+            beat: Some(&b),
+            open_calls: 10,
+            last_failure_at_ms: None,
+            last_delivery_at_ms: None,
+        };
+        only(
+            Reason::CapacityExhausted,
+            check(&facts, Candidacy::Preferred, None, NOW),
+        );
+    }
+
+    #[test]
+    fn tunnel_down() {
+        only(
+            Reason::TunnelDown,
+            reasons(|_| {}, |b| b.heartbeat.tunnel_up = false),
+        );
+    }
+
+    #[test]
+    fn origin_mismatch_is_an_exact_string_compare() {
+        only(
+            Reason::OriginMismatch,
+            reasons(|_| {}, |b| b.heartbeat.origin_url.push('/')),
+        );
+    }
+
+    #[test]
+    fn line_not_served() {
+        only(
+            Reason::LineNotServed,
+            reasons(|_| {}, |b| b.heartbeat.lines.clear()),
+        );
+    }
+
+    #[test]
+    fn routing_hash_mismatch() {
+        only(
+            Reason::RoutingHashMismatch,
+            reasons(
+                |_| {},
+                |b| {
+                    b.heartbeat
+                        .lines
+                        .insert("sales".into(), "+15105550123".into());
+                },
+            ),
+        );
+    }
+
+    #[test]
+    fn recent_forward_failure_clears_after_30_s_or_a_delivery() {
+        let e = entry(Role::Stable);
+        let b = beat();
+        let facts = |failure, delivery| NodeFacts {
+            entry: Some(&e),
+            beat: Some(&b),
+            open_calls: 0,
+            last_failure_at_ms: failure,
+            last_delivery_at_ms: delivery,
+        };
+        only(
+            Reason::RecentForwardFailure,
+            check(
+                &facts(Some(NOW - 29_000), None),
+                Candidacy::Preferred,
+                None,
+                NOW,
+            ),
+        );
+        assert!(check(
+            &facts(Some(NOW - 30_000), None),
+            Candidacy::Preferred,
+            None,
+            NOW
+        )
+        .is_empty());
+        assert!(check(
+            &facts(Some(NOW - 1_000), Some(NOW - 500)),
+            Candidacy::Preferred,
+            None,
+            NOW
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn canary_not_go_and_candidate_not_approved() {
+        let b = beat();
+        let check_as = |e: &NodeEntry, candidacy| {
+            let facts = NodeFacts {
+                entry: Some(e),
+                beat: Some(&b),
+                open_calls: 0,
+                last_failure_at_ms: None,
+                last_delivery_at_ms: None,
+            };
+            check(&facts, candidacy, None, NOW)
+        };
+        let mut candidate = entry(Role::Candidate);
+        only(
+            Reason::CanaryNotGo,
+            check_as(&candidate, Candidacy::Preferred),
+        );
+        only(
+            Reason::CandidateNotApproved,
+            check_as(&candidate, Candidacy::Fallback),
+        );
+        assert!(check_as(&candidate, Candidacy::General).is_empty());
+        candidate.canary_go = true;
+        candidate.fallback_approved = true;
+        assert!(check_as(&candidate, Candidacy::Preferred).is_empty());
+        assert!(check_as(&candidate, Candidacy::Fallback).is_empty());
+    }
+
+    #[test]
+    fn every_code_is_its_serialised_name() {
+        for r in [
+            Reason::NotRegistered,
+            Reason::RoutingHashMismatch,
+            Reason::CandidateNotApproved,
+        ] {
+            assert_eq!(
+                serde_json::to_value(r).unwrap(),
+                serde_json::json!(r.code())
+            );
+        }
+    }
+}
