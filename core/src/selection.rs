@@ -5,7 +5,7 @@
 //! then `default_node`, then every other stable node in byte order of its id
 //! (all as [`Candidacy::Fallback`]). Each node is considered once.
 
-use crate::eligibility::{self, Candidacy, LineRef, NodeFacts, Reason};
+use crate::eligibility::{Candidacy, Reason};
 use crate::policy::Resolution;
 use crate::registry::{NodeRegistry, Role};
 use std::collections::BTreeMap;
@@ -48,26 +48,23 @@ pub fn candidates<'a>(
     order
 }
 
-/// Walks the order and stops at the first eligible node. `facts_of` is asked
-/// only for the nodes actually considered, so the cost is bounded by the
-/// number of nodes.
-pub fn select<'f>(
+/// Walks the order and stops at the first eligible node. `reasons_of` is
+/// asked only for the nodes actually considered, so the cost is bounded by the
+/// number of nodes (and is usually one).
+pub fn select<E>(
     resolution: &Resolution,
     default_node: &str,
     registry: &NodeRegistry,
-    line: Option<LineRef<'_>>,
-    mut facts_of: impl FnMut(&str) -> NodeFacts<'f>,
-    now_ms: i64,
-) -> Selection {
+    mut reasons_of: impl FnMut(&str, Candidacy) -> Result<Vec<Reason>, E>,
+) -> Result<Selection, E> {
     let mut selection = Selection::default();
     for (node, candidacy) in candidates(resolution, default_node, registry) {
-        let facts = facts_of(node);
-        let reasons = eligibility::check(&facts, candidacy, line, now_ms);
+        let reasons = reasons_of(node, candidacy)?;
         if reasons.is_empty() {
             selection.chosen = Some(node.to_owned());
             break;
         }
         selection.reasons.insert(node.to_owned(), reasons);
     }
-    selection
+    Ok(selection)
 }

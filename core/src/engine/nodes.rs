@@ -195,17 +195,28 @@ impl<S: Store> Engine<S> {
     }
 
     /// Open calls assigned to `node`, not counting `except` (the call being
-    /// decided).
+    /// decided). The count reads the `(owner, state)` index only.
     pub(crate) fn open_calls(&self, node: &str, except: Option<&str>) -> Result<u32, EngineError> {
-        let sql = format!(
-            "SELECT COUNT(*) FROM sessions WHERE owner = ? AND state IN {OPEN_STATES} AND call_session_id != ?"
-        );
-        let rows = self.exec(&sql, &[node.into(), except.unwrap_or("").into()])?;
-        Ok(rows
-            .first()
-            .and_then(|r| r.first())
-            .and_then(Value::as_int)
-            .unwrap_or(0) as u32)
+        let one = |sql: &str, params: &[Value]| -> Result<i64, EngineError> {
+            Ok(self
+                .exec(sql, params)?
+                .first()
+                .and_then(|r| r.first())
+                .and_then(Value::as_int)
+                .unwrap_or(0))
+        };
+        let all = one(
+            &format!("SELECT COUNT(*) FROM sessions WHERE owner = ? AND state IN {OPEN_STATES}"),
+            &[node.into()],
+        )?;
+        let own = match except {
+            Some(id) => one(
+                &format!("SELECT COUNT(*) FROM sessions WHERE call_session_id = ? AND owner = ? AND state IN {OPEN_STATES}"),
+                &[id.into(), node.into()],
+            )?,
+            None => 0,
+        };
+        Ok((all - own).max(0) as u32)
     }
 
     /// Everything eligibility needs about a node, except the registry entry.

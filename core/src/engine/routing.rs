@@ -4,7 +4,7 @@
 
 use super::{Engine, EngineError};
 use crate::decision::{Decision, DecisionOutcome};
-use crate::eligibility::LineRef;
+use crate::eligibility::{self, LineRef};
 use crate::policy::{Resolution, Rule};
 use crate::selection::{select, Selection};
 use crate::store::{Store, Value};
@@ -54,34 +54,33 @@ impl<S: Store> Engine<S> {
                 line_id,
                 called_number: &line.called_number,
             });
-        let mut states = BTreeMap::new();
-        for node in crate::selection::candidates(&resolution, &policy.default_node, &registry)
-            .into_iter()
-            .map(|(n, _)| n)
-        {
-            states.insert(node.to_owned(), self.node_state(node, except)?);
-        }
+        let mut chosen_beat = None;
         let selection = select(
             &resolution,
             &policy.default_node,
             &registry,
-            line,
-            |node| states[node].facts(registry.nodes.get(node)),
-            now_ms,
-        );
-        let chosen_beat = selection
-            .chosen
-            .as_ref()
-            .and_then(|n| states.get(n))
-            .and_then(|s| s.beat.as_ref());
+            |node, candidacy| {
+                let state = self.node_state(node, except)?;
+                let reasons = eligibility::check(
+                    &state.facts(registry.nodes.get(node)),
+                    candidacy,
+                    line,
+                    now_ms,
+                );
+                if reasons.is_empty() {
+                    chosen_beat = state.beat;
+                }
+                Ok::<_, EngineError>(reasons)
+            },
+        )?;
         Ok(Some(Routed {
             chosen_origin: selection
                 .chosen
                 .as_ref()
                 .and_then(|n| registry.nodes.get(n))
                 .map(|e| e.origin_url.clone()),
-            chosen_sha: chosen_beat.map(|b| b.heartbeat.sha.clone()),
-            chosen_clean: chosen_beat.map(|b| !b.heartbeat.dirty),
+            chosen_clean: chosen_beat.as_ref().map(|b| !b.heartbeat.dirty),
+            chosen_sha: chosen_beat.map(|b| b.heartbeat.sha),
             resolution,
             selection,
             policy_revision,
