@@ -1,0 +1,143 @@
+//! `callfence-demo-app`: a tiny voice app for local development and the
+//! end-to-end suite. It serves the status contract (see
+//! `callfence_agent::probe`), takes webhooks from its agent on loopback, and
+//! on `call.initiated` (incoming) asks the agent's `/local/answer`, with the
+//! epoch from `Callfence-Epoch`. It counts a call from `call.initiated` to
+//! `call.hangup`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Parser;
+use serde_json::{json, Value};
+
+/// A minimal voice app behind a callfence agent.
+#[derive(Debug, Parser)]
+#[command(name = "callfence-demo-app", version, about)]
+struct Args {
+    /// Loopback address to listen on (webhooks at /telnyx/webhook, status at /callfence/status).
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    listen: SocketAddr,
+    /// The agent's local API base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8444")]
+    agent: String,
+    /// Capacity reported as max_calls.
+    #[arg(long, default_value_t = 10)]
+    max_calls: u32,
+    /// A served line, `line_id=+E164` (repeatable).
+    #[arg(long = "line", value_name = "ID=NUMBER")]
+    lines: Vec<String>,
+    /// Do not answer calls (only record them).
+    #[arg(long)]
+    no_answer: bool,
+    /// Report ready = false.
+    #[arg(long)]
+    not_ready: bool,
+}
+
+struct App {
+    args: Args,
+    lines: BTreeMap<String, String>,
+    calls: Mutex<BTreeMap<String, String>>,
+    http: reqwest::Client,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), String> {
+    let args = Args::parse();
+    if !args.listen.ip().is_loopback() {
+        return Err("--listen must be a loopback address: the app sits behind its agent".into());
+    }
+    let mut lines = BTreeMap::new();
+    for l in &args.lines {
+        let (id, number) = l.split_once('=').ok_or("--line takes ID=NUMBER")?;
+        lines.insert(id.to_string(), number.to_string());
+    }
+    let listen = args.listen;
+    let app = Arc::new(App {
+        args,
+        lines,
+        calls: Mutex::new(BTreeMap::new()),
+        http: reqwest::Client::new(),
+    });
+    let router = Router::new()
+        .route("/callfence/status", get(status))
+        .route("/telnyx/webhook", post(webhook))
+        .with_state(app);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| e.to_string())?;
+    eprintln!("callfence-demo-app listening on {listen}");
+    axum::serve(listener, router)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn status(State(app): State<Arc<App>>) -> Json<Value> {
+    let calls = app.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Json(json!({
+        "ready": !app.args.not_ready,
+        "active_calls": calls.len(),
+        "max_calls": app.args.max_calls,
+        "lines": app.lines,
+        "calls": calls.iter().map(|(ccid, s)| json!({"call_control_id": ccid, "call_session_id": s})).collect::<Vec<_>>(),
+    }))
+}
+
+async fn webhook(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Json<Value> {
+    let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let kind = event["data"]["event_type"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let payload = &event["data"]["payload"];
+    let ccid = payload["call_control_id"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let session = headers
+        .get("callfence-call-session")
+        .and_then(|v| v.to_str().ok())
+        .or(payload["call_session_id"].as_str())
+        .unwrap_or("")
+        .to_string();
+    let epoch: u64 = headers
+        .get("callfence-epoch")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    match kind.as_str() {
+        "call.initiated" if !ccid.is_empty() => {
+            app.calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(ccid.clone(), session.clone());
+            let incoming = payload["direction"].as_str() != Some("outgoing");
+            if incoming && !app.args.no_answer {
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let url = format!("{}/local/answer", app.args.agent.trim_end_matches('/'));
+                    let req = json!({"call_control_id": ccid, "call_session_id": session, "epoch": epoch});
+                    match app.http.post(url).json(&req).send().await {
+                        Ok(r) => eprintln!("answer {} -> {}", ccid, r.status()),
+                        Err(e) => eprintln!("answer {ccid} failed: {e}"),
+                    }
+                });
+            }
+        }
+        "call.hangup" => {
+            app.calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&ccid);
+        }
+        _ => {}
+    }
+    Json(json!({"ok": true}))
+}

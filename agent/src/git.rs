@@ -1,0 +1,118 @@
+//! The runtime checkout's identity: `sha` from `git rev-parse HEAD` and
+//! `dirty` from `git status --porcelain --untracked-files=all` (any line,
+//! untracked files included, means dirty). When git fails the checkout is
+//! reported with an empty SHA and dirty, which the edge reads as ineligible.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+/// What git says about the checkout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkout {
+    /// `HEAD`'s SHA (empty when unknown).
+    pub sha: String,
+    /// Uncommitted or untracked changes (true when unknown).
+    pub dirty: bool,
+    /// Why git could not answer, if it could not.
+    pub error: Option<String>,
+}
+
+async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let mut cmd = Command::new("git");
+    cmd.arg("-c")
+        .arg(format!("safe.directory={}", dir.display()))
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(10), cmd.output())
+        .await
+        .map_err(|_| "git timed out".to_string())?
+        .map_err(|e| format!("git: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "git {}: {}",
+            args[0],
+            err.trim().chars().take(200).collect::<String>()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Inspects the checkout at `dir`.
+pub async fn inspect(dir: &Path) -> Checkout {
+    let sha = match git(dir, &["rev-parse", "HEAD"]).await {
+        Ok(text) => text.trim().to_string(),
+        Err(e) => {
+            return Checkout {
+                sha: String::new(),
+                dirty: true,
+                error: Some(e),
+            };
+        }
+    };
+    match git(dir, &["status", "--porcelain", "--untracked-files=all"]).await {
+        Ok(text) => Checkout {
+            sha,
+            dirty: !text.trim().is_empty(),
+            error: None,
+        },
+        Err(e) => Checkout {
+            sha,
+            dirty: true,
+            error: Some(e),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::test_dir;
+
+    fn run(dir: &Path, args: &[&str]) {
+        let ok = std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(ok.status.success(), "{:?}", ok);
+    }
+
+    #[tokio::test]
+    async fn untracked_files_make_a_checkout_dirty() {
+        let dir = test_dir("git");
+        run(&dir, &["init", "-q"]);
+        run(
+            &dir,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-q",
+                "--allow-empty",
+                "-m",
+                "x",
+            ],
+        );
+        let c = inspect(&dir).await;
+        assert_eq!(c.sha.len(), 40, "{c:?}");
+        assert!(!c.dirty);
+        std::fs::write(dir.join("new.txt"), "x").unwrap();
+        assert!(inspect(&dir).await.dirty);
+    }
+
+    #[tokio::test]
+    async fn not_a_checkout_is_dirty_without_a_sha() {
+        let dir = test_dir("nogit");
+        let c = inspect(&dir.join("missing")).await;
+        assert!(c.dirty && c.sha.is_empty() && c.error.is_some());
+    }
+}

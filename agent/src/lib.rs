@@ -1,0 +1,87 @@
+//! callfence-agent: the program that runs on each phone node next to the
+//! voice app (SPEC §11).
+//!
+//! It tells the edge what the node really is (signed heartbeats), admits only
+//! webhooks the edge routed to this node (the verifying origin proxy), makes
+//! the node ask the edge for the answer fence before it answers a call (the
+//! local API), and keeps its operating mode on disk so that a node that lost
+//! its mind comes back `drained`, never `active`.
+//!
+//! # Layout
+//!
+//! Plumbing:
+//! - [`clock`]: the wall clock, read in one place.
+//! - [`log`]: one JSON line per event on stderr; never a secret or a body.
+//! - [`files`]: durable small files (temp file, fsync, rename) and permission checks.
+//! - [`net`]: the shared HTTP client and bounded body reads.
+//!
+//! What the node is:
+//! - [`config`]: the TOML configuration and its validation.
+//! - [`keys`]: node signing keys: generation, loading, rotation to a `next` key.
+//! - [`mode`]: the persisted, fail-closed mode (`active`, `shadow`, `drained`).
+//! - [`seq`]: the persisted, strictly increasing heartbeat sequence number.
+//! - [`git`]: the SHA and cleanliness of the runtime checkout.
+//! - [`probe`]: the voice app's status contract and the tunnel probe.
+//!
+//! Talking to others:
+//! - [`edge`]: node-signed requests to the edge (§6).
+//! - [`heartbeat`]: building, signing and sending beats; the edge's verdict.
+//! - [`telnyx_api`]: Telnyx Call Control commands with `command_id` resends.
+//!
+//! Serving:
+//! - [`ledger`]: the durable webhook ledger (`received` → `completed`).
+//! - [`proxy`]: the origin proxy `POST /callfence/telnyx`.
+//! - [`local_api`]: the loopback API for the voice app (`/local/*`, probes).
+//! - [`context`]: the handles the running agent shares between its tasks.
+//! - [`run`]: the `run` command: servers, heartbeat loop, upkeep.
+//! - [`drain`]: the `drain` command.
+//! - [`status`]: the `status` command and the persisted last-beat record.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod clock;
+pub mod config;
+pub mod context;
+pub mod drain;
+pub mod edge;
+pub mod files;
+pub mod git;
+pub mod heartbeat;
+pub mod keys;
+pub mod ledger;
+pub mod local_api;
+pub mod log;
+pub mod mode;
+pub mod net;
+pub mod probe;
+pub mod proxy;
+pub mod run;
+pub mod seq;
+pub mod status;
+pub mod telnyx_api;
+
+use std::fmt;
+
+/// An operator-facing failure: what went wrong, in words that never include a
+/// secret. The binary prints it and exits non-zero.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentError(pub String);
+
+impl AgentError {
+    /// Builds an error from any message.
+    pub fn new(message: impl Into<String>) -> Self {
+        AgentError(message.into())
+    }
+}
+
+impl fmt::Display for AgentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for AgentError {}
+
+/// The agent's version, reported in every heartbeat as `agent_version`.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");

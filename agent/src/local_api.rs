@@ -1,0 +1,390 @@
+//! The local API, on loopback only, for the voice app and local probes.
+//!
+//! - `POST /local/answer {"call_control_id","call_session_id","epoch", ...options}`:
+//!   asks the edge for the answer fence (`POST /v1/fence`, node-signed); a
+//!   refused fence answers 409 `{"answered":false,"reason":..}` and Telnyx
+//!   is never called. A granted fence is followed by Telnyx `answer` with the
+//!   fence's `command_id` and the other options passed through, resent while
+//!   Telnyx is silent (see [`crate::telnyx_api`]); Telnyx's "already
+//!   answered" after a granted fence counts as success. 200
+//!   `{"answered":true,"first","epoch","command_id","media_token","granted_at"}`.
+//! - `POST /local/dial {...dial options}`: Telnyx `POST /v2/calls`, then the
+//!   claim (`POST /v1/claims`) so the new session's events come back here.
+//! - `POST /local/media/verify {"media_token"}`: the edge's fenced media check,
+//!   its answer passed through.
+//! - `GET /local/status`: the running agent's last beat and mode.
+//! - `GET /healthz`: 200 while the process serves.
+//! - `GET /readyz`: 200 only when the mode is `active`, the last beat is
+//!   fresh, accepted and eligible, and the app answers its status probe.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+
+use crate::clock::now_ms;
+use crate::context::Agent;
+use crate::mode::{self, NodeMode};
+
+/// Largest request body.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// The local listener's routes.
+pub fn router(agent: Arc<Agent>) -> Router {
+    Router::new()
+        .route("/local/answer", post(answer))
+        .route("/local/dial", post(dial))
+        .route("/local/media/verify", post(media_verify))
+        .route("/local/status", get(status))
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(agent)
+}
+
+fn reply(status: StatusCode, body: Value) -> Response {
+    (status, Json(body)).into_response()
+}
+
+/// A refusal before any work: status and JSON body.
+type Refusal = (StatusCode, Value);
+
+fn object(body: &[u8]) -> Result<Map<String, Value>, Refusal> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        _ => Err((
+            StatusCode::BAD_REQUEST,
+            json!({"error": "bad_request", "problem": "body must be a JSON object"}),
+        )),
+    }
+}
+
+fn id_field(m: &Map<String, Value>, name: &str) -> Result<String, Refusal> {
+    match m.get(name).and_then(Value::as_str) {
+        Some(s) if !s.is_empty() && s.len() <= 256 => Ok(s.to_string()),
+        _ => Err((
+            StatusCode::BAD_REQUEST,
+            json!({"error": "bad_request", "problem": format!("{name} must be a string of 1 to 256 characters")}),
+        )),
+    }
+}
+
+async fn answer(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
+    match answer_inner(&agent, &body).await {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+async fn answer_inner(agent: &Arc<Agent>, body: &[u8]) -> Result<Response, Response> {
+    let refuse = |(s, v): Refusal| reply(s, v);
+    let mut options = object(body).map_err(refuse)?;
+    let ccid = id_field(&options, "call_control_id").map_err(refuse)?;
+    let session = id_field(&options, "call_session_id").map_err(refuse)?;
+    let epoch = options.get("epoch").and_then(|v| {
+        v.as_u64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+    });
+    let Some(epoch) = epoch.filter(|e| *e > 0 && *e <= callfence_core::MAX_SAFE_INTEGER) else {
+        return Err(reply(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "bad_request", "problem": "epoch must be a positive integer (Callfence-Epoch)"}),
+        ));
+    };
+    let Some(telnyx) = agent.telnyx.as_ref() else {
+        return Err(reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"answered": false, "reason": "telnyx_api_not_configured"}),
+        ));
+    };
+    for k in ["call_control_id", "call_session_id", "epoch", "command_id"] {
+        options.remove(k);
+    }
+    let fence_body = json!({"call_session_id": session, "call_control_id": ccid, "epoch": epoch, "purpose": "answer"});
+    let fence = agent
+        .edge
+        .post_signed(
+            agent.keys.current(),
+            "/v1/fence",
+            fence_body.to_string().into_bytes(),
+            now_ms(),
+        )
+        .await;
+    let log_fields = |outcome: &str| json!({"call_session_id": session, "call_control_id": ccid, "epoch": epoch, "outcome": outcome});
+    let grant = match fence {
+        Err(e) => {
+            crate::log::warn(
+                "fence_unavailable",
+                json!({"call_session_id": session, "epoch": epoch, "reason": e}),
+            );
+            return Err(reply(
+                StatusCode::BAD_GATEWAY,
+                json!({"answered": false, "reason": "fence_unavailable"}),
+            ));
+        }
+        Ok(r) if r.status == 200 && r.body["granted"] == true => r.body,
+        Ok(r) if r.status == 409 => {
+            let reason = r.body["reason"]
+                .as_str()
+                .unwrap_or("fence_refused")
+                .chars()
+                .take(64)
+                .collect::<String>();
+            crate::log::warn(
+                "fence_refused",
+                json!({"call_session_id": session, "epoch": epoch, "reason": reason}),
+            );
+            return Err(reply(
+                StatusCode::CONFLICT,
+                json!({"answered": false, "reason": reason}),
+            ));
+        }
+        Ok(r) => {
+            crate::log::warn(
+                "fence_unavailable",
+                json!({"call_session_id": session, "epoch": epoch, "edge_status": r.status, "code": r.error_code()}),
+            );
+            return Err(reply(
+                StatusCode::BAD_GATEWAY,
+                json!({"answered": false, "reason": "fence_unavailable", "edge_status": r.status}),
+            ));
+        }
+    };
+    let Some(command_id) = grant["command_id"]
+        .as_str()
+        .filter(|c| c.len() == 36)
+        .map(str::to_string)
+    else {
+        return Err(reply(
+            StatusCode::BAD_GATEWAY,
+            json!({"answered": false, "reason": "fence_unavailable"}),
+        ));
+    };
+    options.insert("command_id".into(), Value::String(command_id.clone()));
+    let result = telnyx.answer(&ccid, &Value::Object(options)).await;
+    let granted = json!({
+        "epoch": epoch,
+        "first": grant["first"],
+        "command_id": command_id,
+        "media_token": grant["media_token"],
+        "granted_at": grant["granted_at"],
+    });
+    let ledger = agent.ledger.clone();
+    let (leg, leg_session) = (ccid.clone(), session.clone());
+    let _ = tokio::task::spawn_blocking(move || {
+        ledger.note_leg(&leg, Some(&leg_session), true, now_ms())
+    })
+    .await;
+    let mut out = granted.as_object().cloned().unwrap_or_default();
+    match result {
+        Ok(r) if r.ok() => {
+            crate::log::info("call_answered", log_fields("answered"));
+            out.insert("answered".into(), Value::Bool(true));
+            Ok(reply(StatusCode::OK, Value::Object(out)))
+        }
+        Ok(r) if r.already_answered(&agent.config.already_answered_codes) => {
+            crate::log::info("call_answered", log_fields("already_answered"));
+            out.insert("answered".into(), Value::Bool(true));
+            out.insert("already_answered".into(), Value::Bool(true));
+            Ok(reply(StatusCode::OK, Value::Object(out)))
+        }
+        Ok(r) => {
+            crate::log::warn(
+                "telnyx_answer_refused",
+                json!({"call_session_id": session, "epoch": epoch, "telnyx_status": r.status, "codes": r.error_codes()}),
+            );
+            out.insert("answered".into(), Value::Bool(false));
+            out.insert("reason".into(), Value::String("telnyx_refused".into()));
+            out.insert("telnyx_status".into(), json!(r.status));
+            out.insert("telnyx_errors".into(), r.body["errors"].clone());
+            Ok(reply(StatusCode::BAD_GATEWAY, Value::Object(out)))
+        }
+        Err(e) => {
+            crate::log::warn(
+                "telnyx_answer_unanswered",
+                json!({"call_session_id": session, "epoch": epoch, "reason": e}),
+            );
+            out.insert("answered".into(), Value::Bool(false));
+            out.insert("reason".into(), Value::String("telnyx_no_answer".into()));
+            Ok(reply(StatusCode::GATEWAY_TIMEOUT, Value::Object(out)))
+        }
+    }
+}
+
+async fn dial(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
+    let options = match object(&body) {
+        Ok(o) => o,
+        Err((s, v)) => return reply(s, v),
+    };
+    let Some(telnyx) = agent.telnyx.as_ref() else {
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"dialed": false, "reason": "telnyx_api_not_configured"}),
+        );
+    };
+    let r = match telnyx.dial(&Value::Object(options)).await {
+        Err(e) => {
+            crate::log::warn("telnyx_dial_unanswered", json!({"reason": e}));
+            return reply(
+                StatusCode::BAD_GATEWAY,
+                json!({"dialed": false, "reason": "telnyx_no_answer"}),
+            );
+        }
+        Ok(r) if !r.ok() => {
+            return reply(
+                StatusCode::BAD_GATEWAY,
+                json!({"dialed": false, "reason": "telnyx_refused", "telnyx_status": r.status, "telnyx_errors": r.body["errors"]}),
+            );
+        }
+        Ok(r) => r,
+    };
+    let data = &r.body["data"];
+    let (Some(ccid), Some(session)) = (
+        data["call_control_id"].as_str(),
+        data["call_session_id"].as_str(),
+    ) else {
+        return reply(
+            StatusCode::BAD_GATEWAY,
+            json!({"dialed": true, "claimed": false, "reason": "telnyx_answer_without_ids", "telnyx": data}),
+        );
+    };
+    let ledger = agent.ledger.clone();
+    let (leg, leg_session) = (ccid.to_string(), session.to_string());
+    let _ = tokio::task::spawn_blocking(move || {
+        ledger.note_leg(&leg, Some(&leg_session), true, now_ms())
+    })
+    .await;
+    let claim = json!({"call_control_id": ccid, "call_session_id": session})
+        .to_string()
+        .into_bytes();
+    let mut last = None;
+    for attempt in 0..3u64 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+        }
+        match agent
+            .edge
+            .post_signed(agent.keys.current(), "/v1/claims", claim.clone(), now_ms())
+            .await
+        {
+            Ok(c) if c.status == 200 => {
+                crate::log::info(
+                    "call_claimed",
+                    json!({"call_session_id": session, "call_control_id": ccid, "epoch": c.body["epoch"]}),
+                );
+                return reply(
+                    StatusCode::OK,
+                    json!({"dialed": true, "claimed": true, "call_control_id": ccid, "call_session_id": session,
+                           "epoch": c.body["epoch"], "telnyx": data}),
+                );
+            }
+            Ok(c) if c.status == 409 => {
+                crate::log::warn(
+                    "claim_refused",
+                    json!({"call_session_id": session, "reason": c.body["reason"]}),
+                );
+                return reply(
+                    StatusCode::CONFLICT,
+                    json!({"dialed": true, "claimed": false, "reason": c.body["reason"], "call_control_id": ccid,
+                           "call_session_id": session, "telnyx": data}),
+                );
+            }
+            Ok(c) => last = Some(format!("edge_status_{}", c.status)),
+            Err(e) => last = Some(e),
+        }
+    }
+    crate::log::warn(
+        "claim_unavailable",
+        json!({"call_session_id": session, "reason": last}),
+    );
+    reply(
+        StatusCode::BAD_GATEWAY,
+        json!({"dialed": true, "claimed": false, "reason": "claim_unavailable", "call_control_id": ccid,
+               "call_session_id": session, "telnyx": data}),
+    )
+}
+
+async fn media_verify(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
+    let m = match object(&body) {
+        Ok(m) => m,
+        Err((s, v)) => return reply(s, v),
+    };
+    let Some(token) = m
+        .get("media_token")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty() && t.len() <= 2048)
+    else {
+        return reply(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "bad_request", "problem": "media_token must be a string"}),
+        );
+    };
+    let req = json!({"media_token": token}).to_string().into_bytes();
+    match agent
+        .edge
+        .post_signed(agent.keys.current(), "/v1/media/verify", req, now_ms())
+        .await
+    {
+        Ok(r) if r.status == 200 || r.status == 409 => {
+            crate::log::info(
+                "media_checked",
+                json!({"valid": r.body["valid"], "reason": r.body["reason"]}),
+            );
+            reply(
+                StatusCode::from_u16(r.status).unwrap_or(StatusCode::OK),
+                r.body,
+            )
+        }
+        Ok(r) => reply(
+            StatusCode::BAD_GATEWAY,
+            json!({"valid": false, "reason": "edge_unavailable", "edge_status": r.status}),
+        ),
+        Err(_) => reply(
+            StatusCode::BAD_GATEWAY,
+            json!({"valid": false, "reason": "edge_unavailable"}),
+        ),
+    }
+}
+
+async fn status(State(agent): State<Arc<Agent>>) -> Response {
+    let reading = mode::read(&agent.config.state_dir);
+    reply(
+        StatusCode::OK,
+        json!({"node": agent.config.node, "mode": reading.mode.as_str(), "mode_note": reading.fallback,
+               "signing_key_id": agent.keys.current().kid, "last_beat": agent.last_beat()}),
+    )
+}
+
+async fn readyz(State(agent): State<Arc<Agent>>) -> Response {
+    let reading = mode::read(&agent.config.state_dir);
+    let beat = agent.last_beat();
+    let now = now_ms();
+    let beat_ok = beat
+        .as_ref()
+        .is_some_and(|b| b.accepted_and_eligible() && b.fresh(now));
+    let timeout = Duration::from_millis(agent.config.timing.probe_timeout_ms);
+    let app = crate::probe::app_status(&agent.http, &agent.config.app_status_url, timeout).await;
+    let app_reachable = app.is_ok();
+    let ready = reading.mode == NodeMode::Active && beat_ok && app_reachable;
+    let body = json!({
+        "ready": ready,
+        "mode": reading.mode.as_str(),
+        "mode_note": reading.fallback,
+        "beat_accepted_and_eligible": beat_ok,
+        "reasons": beat.as_ref().map(|b| b.reasons.clone()).unwrap_or_default(),
+        "app_reachable": app_reachable,
+    });
+    reply(
+        if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        body,
+    )
+}

@@ -1,0 +1,437 @@
+//! The origin proxy: `POST /callfence/telnyx`, the only door through which a
+//! webhook reaches the voice app, and `GET /callfence/health` for the tunnel
+//! probe.
+//!
+//! For each webhook, in order:
+//! 1. Every inbound `Callfence-*` header is dropped; only `content-type` and
+//!    `telnyx-*` headers are passed on.
+//! 2. The `Callfence-Assertion` is verified against the pinned edge keys
+//!    (kid, signature, not expired with `timing.assertion_skew_s` of skew,
+//!    `node` is this node, `body_sha256` matches the raw body).
+//! 3. The Telnyx signature is verified on the raw body.
+//!
+//!    A failure of 2 or 3 answers 401 `{"callfence":"not_admitted"}`.
+//! 4. A completed event gets its recorded answer; a duplicate of an event
+//!    being delivered waits for that delivery (503 `in_progress` if it
+//!    outlasts `timing.duplicate_wait_ms`).
+//! 5. A new event of a session this node never admitted is refused with 503
+//!    `{"callfence":"not_admitted"}` unless the mode is `active`.
+//! 6. The event is written `received`, then delivered to the app with the
+//!    raw body, the Telnyx headers, `Callfence-Epoch` and
+//!    `Callfence-Call-Session`; a 2xx or 4xx (not 408/429) answer is recorded
+//!    `completed` and returned to the edge. Anything else (3xx, 5xx, 408,
+//!    429, timeout) leaves the event `received` and answers 502/504, which the
+//!    edge treats as an unknown outcome and re-drives.
+//!
+//! The app is called in a task of its own, so an edge that gives up early
+//! does not cut a delivery in half; the result is recorded for the retry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use callfence_core::{assertion, telnyx};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::clock::now_ms;
+use crate::context::Agent;
+use crate::ledger::{Answer, Entry, Pending};
+use crate::mode::{self, NodeMode};
+use crate::net::{describe, read_limited};
+
+/// Largest webhook accepted (the edge's own limit).
+pub const MAX_WEBHOOK_BYTES: usize = 64 * 1024;
+/// Largest app answer recorded and returned.
+pub const MAX_ANSWER_BYTES: usize = 16 * 1024;
+/// Deliveries after which upkeep stops re-delivering a `received` event.
+pub const MAX_UPKEEP_ATTEMPTS: u32 = 5;
+
+/// The result of delivering one event, shared with the duplicates waiting
+/// on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// The app's answer (fresh or recorded).
+    Answered(Answer),
+    /// Refused before the app: drained or shadow, session never admitted.
+    NotAdmitted,
+    /// The app did not answer usably; the event stays `received`.
+    AppFailed {
+        /// The app's status, when it answered at all.
+        app_status: Option<u16>,
+        /// A short reason.
+        reason: String,
+    },
+    /// The ledger could not be used; the app was not called.
+    LedgerFailed,
+    /// A duplicate waited too long for the first delivery.
+    InProgress,
+}
+
+fn callfence(status: StatusCode, code: &str) -> Response {
+    (status, Json(json!({"callfence": code}))).into_response()
+}
+
+impl IntoResponse for Delivery {
+    fn into_response(self) -> Response {
+        match self {
+            Delivery::Answered(a) => {
+                let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::OK);
+                let mut resp = (status, a.body).into_response();
+                if let Some(ct) = a.content_type.and_then(|c| HeaderValue::from_str(&c).ok()) {
+                    resp.headers_mut().insert("content-type", ct);
+                }
+                resp
+            }
+            Delivery::NotAdmitted => callfence(StatusCode::SERVICE_UNAVAILABLE, "not_admitted"),
+            Delivery::AppFailed { app_status, reason } => {
+                let status = if reason == "timeout" {
+                    StatusCode::GATEWAY_TIMEOUT
+                } else {
+                    StatusCode::BAD_GATEWAY
+                };
+                (status, Json(json!({"callfence": "app_error", "app_status": app_status, "reason": reason}))).into_response()
+            }
+            Delivery::LedgerFailed => {
+                callfence(StatusCode::SERVICE_UNAVAILABLE, "ledger_unavailable")
+            }
+            Delivery::InProgress => callfence(StatusCode::SERVICE_UNAVAILABLE, "in_progress"),
+        }
+    }
+}
+
+/// The origin listener's routes.
+pub fn router(agent: Arc<Agent>) -> Router {
+    Router::new()
+        .route("/callfence/telnyx", post(webhook))
+        .route("/callfence/health", get(health))
+        .layer(DefaultBodyLimit::max(MAX_WEBHOOK_BYTES))
+        .with_state(agent)
+}
+
+async fn health(State(agent): State<Arc<Agent>>) -> Response {
+    Json(json!({"status": "ok", "node": agent.config.node})).into_response()
+}
+
+fn refuse(reason: &str, event_id: Option<&str>) -> Response {
+    crate::log::warn(
+        "webhook_refused",
+        json!({"reason": reason, "event_id": event_id}),
+    );
+    callfence(StatusCode::UNAUTHORIZED, "not_admitted")
+}
+
+/// The headers passed to the app: `content-type` and `telnyx-*` only.
+pub fn forwarded_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            let n = name.as_str();
+            n == "content-type" || n.starts_with("telnyx-")
+        })
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
+        })
+        .take(32)
+        .collect()
+}
+
+async fn webhook(State(agent): State<Arc<Agent>>, headers: HeaderMap, body: Bytes) -> Response {
+    let now = now_ms();
+    let cfg = &agent.config;
+    let Some(header) = headers.get(assertion::HEADER).and_then(|v| v.to_str().ok()) else {
+        return refuse("missing_assertion", None);
+    };
+    let claims = match assertion::verify(
+        header,
+        &cfg.edge_keys,
+        &cfg.node,
+        &body,
+        now,
+        cfg.timing.assertion_skew_s,
+    ) {
+        Ok(c) => c,
+        Err(e) => return refuse(e.code(), None),
+    };
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Err(e) = telnyx::verify(
+        &cfg.telnyx_keys,
+        text("telnyx-signature-ed25519"),
+        text("telnyx-timestamp"),
+        &body,
+        now,
+    ) {
+        return refuse(e.code(), Some(&claims.event_id));
+    }
+    let envelope = telnyx::parse_envelope(&body).ok();
+    if let Some(env) = &envelope {
+        if env.event_id != claims.event_id {
+            return refuse("event_id_mismatch", Some(&claims.event_id));
+        }
+    }
+    let pending = Pending {
+        event_id: claims.event_id,
+        call_session_id: claims.call_session_id,
+        call_control_id: claims.call_control_id,
+        epoch: claims.epoch,
+        event_type: envelope.map(|e| e.event_type),
+        body: body.to_vec(),
+        headers: forwarded_headers(&headers),
+        attempts: 0,
+    };
+    deliver(agent, pending, true).await.into_response()
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(f).await.ok()
+}
+
+/// Delivers an event (a fresh webhook when `fresh`, else a `received` entry
+/// being resumed), or waits for the delivery already in flight.
+pub async fn deliver(agent: Arc<Agent>, event: Pending, fresh: bool) -> Delivery {
+    let id = event.event_id.clone();
+    let (rx, owner) = {
+        let mut map = agent.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(&id) {
+            Some(rx) => (rx.clone(), None),
+            None => {
+                let (tx, rx) = watch::channel(None);
+                map.insert(id.clone(), rx.clone());
+                (rx, Some(tx))
+            }
+        }
+    };
+    let wait_ms = match owner {
+        Some(tx) => {
+            let a = agent.clone();
+            tokio::spawn(async move {
+                // Removes the in-flight entry even if the delivery panics, so
+                // later duplicates never wait on a dead delivery.
+                let _guard = InflightGuard {
+                    agent: a.clone(),
+                    id,
+                };
+                let result = first_delivery(&a, event, fresh).await;
+                let _ = tx.send(Some(result));
+            });
+            agent.config.timing.app_timeout_ms + 2_000
+        }
+        None => agent.config.timing.duplicate_wait_ms,
+    };
+    wait(rx, Duration::from_millis(wait_ms)).await
+}
+
+struct InflightGuard {
+    agent: Arc<Agent>,
+    id: String,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.agent
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+async fn wait(mut rx: watch::Receiver<Option<Delivery>>, budget: Duration) -> Delivery {
+    match tokio::time::timeout(budget, rx.wait_for(Option::is_some)).await {
+        Ok(Ok(v)) => v.clone().unwrap_or(Delivery::InProgress),
+        _ => Delivery::InProgress,
+    }
+}
+
+async fn first_delivery(agent: &Arc<Agent>, event: Pending, fresh: bool) -> Delivery {
+    let ledger = agent.ledger.clone();
+    let id = event.event_id.clone();
+    let entry = match blocking(move || ledger.lookup(&id)).await {
+        Some(Ok(e)) => e,
+        other => {
+            crate::log::error(
+                "ledger_failed",
+                json!({"event_id": event.event_id, "error": other.and_then(|r| r.err()).map(|e| e.0)}),
+            );
+            return Delivery::LedgerFailed;
+        }
+    };
+    match entry {
+        Entry::Completed(answer) => {
+            crate::log::info(
+                "webhook_duplicate",
+                json!({"event_id": event.event_id, "recorded_status": answer.status}),
+            );
+            Delivery::Answered(answer)
+        }
+        Entry::Received(stored) => to_app(agent, stored).await,
+        Entry::Absent if !fresh => Delivery::LedgerFailed,
+        Entry::Absent => {
+            let state_dir = agent.config.state_dir.clone();
+            let reading = mode::read(&state_dir);
+            if reading.mode != NodeMode::Active {
+                let ledger = agent.ledger.clone();
+                let session = event.call_session_id.clone();
+                let admitted = blocking(move || ledger.is_admitted(&session)).await;
+                if !matches!(admitted, Some(Ok(true))) {
+                    crate::log::warn(
+                        "webhook_not_admitted",
+                        json!({"event_id": event.event_id, "call_session_id": event.call_session_id, "mode": reading.mode.as_str(), "mode_note": reading.fallback}),
+                    );
+                    return Delivery::NotAdmitted;
+                }
+            }
+            let ledger = agent.ledger.clone();
+            let stored = event.clone();
+            let now = now_ms();
+            let written = blocking(move || {
+                ledger.insert_received(&stored, now)?;
+                if let Some(ccid) = &stored.call_control_id {
+                    let open = stored.event_type.as_deref() != Some("call.hangup");
+                    ledger.note_leg(ccid, Some(&stored.call_session_id), open, now)?;
+                }
+                Ok::<_, crate::AgentError>(())
+            })
+            .await;
+            if !matches!(written, Some(Ok(()))) {
+                crate::log::error("ledger_failed", json!({"event_id": event.event_id}));
+                return Delivery::LedgerFailed;
+            }
+            to_app(agent, event).await
+        }
+    }
+}
+
+/// True for the app answers that complete an event.
+pub fn completes(status: u16) -> bool {
+    (200..300).contains(&status) || ((400..500).contains(&status) && status != 408 && status != 429)
+}
+
+async fn to_app(agent: &Arc<Agent>, event: Pending) -> Delivery {
+    let cfg = &agent.config;
+    let ledger = agent.ledger.clone();
+    let id = event.event_id.clone();
+    let _ = blocking(move || ledger.count_attempt(&id, now_ms())).await;
+    let mut req = agent
+        .http
+        .post(cfg.app_webhook_url.clone())
+        .timeout(Duration::from_millis(cfg.timing.app_timeout_ms))
+        .header("Callfence-Epoch", event.epoch.to_string())
+        .header("Callfence-Call-Session", &event.call_session_id);
+    for (name, value) in &event.headers {
+        req = req.header(name.as_str(), value.as_str());
+    }
+    let started = now_ms();
+    let result = match req.body(event.body.clone()).send().await {
+        Err(e) => Err((None, describe(&e))),
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let ctype = resp
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            match read_limited(resp, MAX_ANSWER_BYTES).await {
+                Ok(body) if completes(status) => Ok(Answer {
+                    status,
+                    content_type: ctype,
+                    body,
+                }),
+                Ok(_) => Err((Some(status), "app_status".to_string())),
+                Err(e) => Err((Some(status), e.chars().take(64).collect())),
+            }
+        }
+    };
+    let fields = |outcome: &str, status: Option<u16>| {
+        json!({"event_id": event.event_id, "call_session_id": event.call_session_id, "epoch": event.epoch,
+               "event_type": event.event_type, "attempt": event.attempts + 1, "outcome": outcome,
+               "app_status": status, "ms": now_ms() - started})
+    };
+    match result {
+        Ok(answer) => {
+            let ledger = agent.ledger.clone();
+            let id = event.event_id.clone();
+            let recorded = answer.clone();
+            match blocking(move || ledger.complete(&id, &recorded, now_ms())).await {
+                Some(Ok(_)) => {}
+                _ => crate::log::error("ledger_failed", json!({"event_id": event.event_id})),
+            }
+            crate::log::info(
+                "webhook_delivered",
+                fields("completed", Some(answer.status)),
+            );
+            Delivery::Answered(answer)
+        }
+        Err((status, reason)) => {
+            crate::log::warn("webhook_app_failed", fields(&reason, status));
+            Delivery::AppFailed {
+                app_status: status,
+                reason,
+            }
+        }
+    }
+}
+
+/// Re-delivers `received` entries (after a restart, and from upkeep for
+/// entries whose delivery failed), skipping those tried
+/// [`MAX_UPKEEP_ATTEMPTS`] times unless `all`.
+pub async fn resume(agent: &Arc<Agent>, all: bool) -> usize {
+    let ledger = agent.ledger.clone();
+    let pending = match blocking(move || ledger.pending()).await {
+        Some(Ok(p)) => p,
+        _ => return 0,
+    };
+    let mut n = 0;
+    for event in pending {
+        if !all && event.attempts >= MAX_UPKEEP_ATTEMPTS {
+            continue;
+        }
+        n += 1;
+        let a = agent.clone();
+        tokio::spawn(async move {
+            deliver(a, event, false).await;
+        });
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_content_type_and_telnyx_headers_pass() {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert("telnyx-timestamp", HeaderValue::from_static("1"));
+        h.insert("telnyx-signature-ed25519", HeaderValue::from_static("sig"));
+        h.insert("callfence-epoch", HeaderValue::from_static("999"));
+        h.insert("callfence-assertion", HeaderValue::from_static("v1.x"));
+        h.insert("authorization", HeaderValue::from_static("Bearer x"));
+        let mut names: Vec<_> = forwarded_headers(&h).into_iter().map(|(n, _)| n).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "telnyx-signature-ed25519",
+                "telnyx-timestamp"
+            ]
+        );
+    }
+
+    #[test]
+    fn only_2xx_and_plain_4xx_complete() {
+        for s in [200, 204, 400, 404, 422] {
+            assert!(completes(s), "{s}");
+        }
+        for s in [301, 408, 429, 500, 503] {
+            assert!(!completes(s), "{s}");
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! Shared harness for the integration tests: they run the real
+//! `callfence-agent` binary as a process, against a demo voice app (a tiny
+//! axum server counting calls) and, where needed, a fake Telnyx API. No test
+//! talks to an edge: the edge URL points at a closed loopback port.
+
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use callfence_core::assertion;
+use callfence_core::encoding::b64_encode;
+use ed25519_dalek::{Signer, SigningKey};
+use serde_json::{json, Value};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_callfence-agent");
+pub const NODE: &str = "M1";
+pub const EDGE_KID: &str = "edge1";
+
+pub fn now_ms() -> i64 {
+    callfence_agent::clock::now_ms()
+}
+
+/// A fresh directory under the target's tmp dir (not /tmp: the agent refuses it).
+pub fn scratch(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The test's keys: the pinned edge key, an unpinned one, Telnyx's.
+pub struct Keys {
+    pub edge: SigningKey,
+    pub rogue: SigningKey,
+    pub telnyx: SigningKey,
+}
+
+impl Keys {
+    pub fn new() -> Keys {
+        Keys {
+            edge: SigningKey::from_bytes(&[7u8; 32]),
+            rogue: SigningKey::from_bytes(&[8u8; 32]),
+            telnyx: SigningKey::from_bytes(&[9u8; 32]),
+        }
+    }
+}
+
+pub struct Node {
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub origin: SocketAddr,
+    pub local: SocketAddr,
+    pub child: Option<Child>,
+}
+
+/// Writes a node (key file, config) whose app is `app_url` and whose
+/// Telnyx API, if any, is `telnyx_api`.
+pub fn node(keys: &Keys, app_url: &str, telnyx_api: Option<&str>) -> Node {
+    let dir = scratch("node");
+    let key = dir.join("node.key");
+    let out = Command::new(BIN)
+        .args(["keygen", "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let origin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let local: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let edge_port = free_port();
+    let api = match telnyx_api {
+        Some(base) => {
+            let f = dir.join("telnyx.key");
+            std::fs::write(&f, "KEY_test_secret\n").unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+            format!(
+                "api_base = \"{base}\"\napi_key_file = \"{}\"\n",
+                f.display()
+            )
+        }
+        None => String::new(),
+    };
+    let text = format!(
+        r#"node = "{NODE}"
+state_dir = "{state}"
+runtime_checkout = "{dir}"
+
+[key]
+id = "k1"
+path = "{key}"
+
+[edge]
+url = "http://127.0.0.1:{edge_port}"
+[edge.public_keys]
+{EDGE_KID} = "{edge_pub}"
+
+[telnyx]
+public_keys = ["{telnyx_pub}"]
+{api}
+[listen]
+origin = "{origin}"
+local = "{local}"
+
+[app]
+webhook_url = "{app_url}/telnyx/webhook"
+status_url = "{app_url}/callfence/status"
+
+[origin]
+url = "http://{origin}/callfence/telnyx"
+
+[timing]
+heartbeat_interval_ms = 1000
+valid_for_s = 2
+app_timeout_ms = 8000
+probe_timeout_ms = 300
+edge_timeout_ms = 500
+telnyx_resend_ms = 100
+upkeep_interval_ms = 600000
+drain_poll_ms = 100
+"#,
+        state = dir.join("state").display(),
+        dir = dir.display(),
+        key = key.display(),
+        edge_pub = b64_encode(keys.edge.verifying_key().as_bytes()),
+        telnyx_pub = b64_encode(keys.telnyx.verifying_key().as_bytes()),
+    );
+    let config = dir.join("agent.toml");
+    std::fs::write(&config, text).unwrap();
+    Node {
+        dir,
+        config,
+        origin,
+        local,
+        child: None,
+    }
+}
+
+impl Node {
+    pub fn cmd(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    pub fn set_mode(&self, mode: &str) {
+        let out = self.cmd(&["mode", "set", mode]);
+        assert!(out.status.success(), "{out:?}");
+    }
+
+    /// Starts `run` and waits for its local API.
+    pub async fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("agent.log"))
+            .unwrap();
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(&self.config)
+            .arg("run")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let url = format!("http://{}/healthz", self.local);
+        for _ in 0..200 {
+            if let Ok(r) = reqwest::get(&url).await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("agent did not start: {}", self.log());
+    }
+
+    /// SIGKILL, no goodbye.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    pub fn webhook_url(&self) -> String {
+        format!("http://{}/callfence/telnyx", self.origin)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A Telnyx webhook body.
+pub fn event(event_id: &str, event_type: &str, session: &str, ccid: &str) -> Vec<u8> {
+    json!({"data": {"id": event_id, "event_type": event_type, "record_type": "event",
+           "payload": {"call_control_id": ccid, "call_session_id": session, "from": "+14155550100",
+                       "to": "+15102160079", "direction": "incoming"}},
+           "meta": {"attempt": 1}})
+    .to_string()
+    .into_bytes()
+}
+
+pub struct Webhook {
+    pub body: Vec<u8>,
+    pub assertion: Option<String>,
+    pub telnyx_ts: String,
+    pub telnyx_sig: String,
+    pub extra: Vec<(String, String)>,
+}
+
+/// A webhook as the edge forwards it: Telnyx-signed, with an assertion
+/// minted by `key` under `kid` for `node` over `assert_body`.
+pub fn webhook(
+    keys: &Keys,
+    body: &[u8],
+    kid: &str,
+    key: &SigningKey,
+    node: &str,
+    assert_body: &[u8],
+    epoch: u64,
+) -> Webhook {
+    let v: Value = serde_json::from_slice(body).unwrap();
+    let now = now_ms();
+    let claims = assertion::claims_for(
+        node,
+        v["data"]["payload"]["call_session_id"].as_str().unwrap(),
+        v["data"]["payload"]["call_control_id"].as_str(),
+        v["data"]["id"].as_str().unwrap(),
+        epoch,
+        1,
+        assert_body,
+        now,
+    );
+    let ts = (now / 1000).to_string();
+    let mut msg = ts.as_bytes().to_vec();
+    msg.push(b'|');
+    msg.extend_from_slice(body);
+    Webhook {
+        body: body.to_vec(),
+        assertion: Some(assertion::mint(kid, key, &claims)),
+        telnyx_sig: b64_encode(&keys.telnyx.sign(&msg).to_bytes()),
+        telnyx_ts: ts,
+        extra: Vec::new(),
+    }
+}
+
+/// The valid webhook for `body`.
+pub fn good(keys: &Keys, body: &[u8], epoch: u64) -> Webhook {
+    webhook(keys, body, EDGE_KID, &keys.edge, NODE, body, epoch)
+}
+
+pub async fn send(url: &str, w: &Webhook) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("telnyx-timestamp", &w.telnyx_ts)
+        .header("telnyx-signature-ed25519", &w.telnyx_sig);
+    if let Some(a) = &w.assertion {
+        req = req.header("Callfence-Assertion", a);
+    }
+    for (k, v) in &w.extra {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let resp = req.body(w.body.clone()).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.bytes().await.unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// What the demo app saw.
+#[derive(Default)]
+pub struct AppSeen {
+    pub calls: AtomicUsize,
+    pub requests: Mutex<Vec<(HeaderMap, Vec<u8>)>>,
+    /// Milliseconds to wait before answering call number i (0-based).
+    pub delays: Mutex<Vec<u64>>,
+}
+
+/// The demo voice app: answers `{"ok":true,"n":<call number>}` and the
+/// status contract.
+pub async fn demo_app() -> (String, Arc<AppSeen>) {
+    async fn hook(State(s): State<Arc<AppSeen>>, headers: HeaderMap, body: Bytes) -> Json<Value> {
+        let n = s.calls.fetch_add(1, Ordering::SeqCst);
+        s.requests.lock().unwrap().push((headers, body.to_vec()));
+        let delay = s.delays.lock().unwrap().get(n).copied().unwrap_or(0);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        Json(json!({"ok": true, "n": n + 1}))
+    }
+    async fn status() -> Json<Value> {
+        Json(
+            json!({"ready": true, "active_calls": 0, "max_calls": 4, "lines": {"property_management_ca": "+15102160079"}}),
+        )
+    }
+    let seen = Arc::new(AppSeen::default());
+    let app = Router::new()
+        .route("/telnyx/webhook", post(hook))
+        .route("/callfence/status", get(status))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), seen)
+}
+
+/// A fake Telnyx API counting every request.
+pub async fn fake_telnyx() -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    async fn any(State(h): State<Arc<AtomicUsize>>) -> Json<Value> {
+        h.fetch_add(1, Ordering::SeqCst);
+        Json(json!({"data": {"result": "ok"}}))
+    }
+    let app = Router::new().fallback(any).with_state(hits.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), hits)
+}
