@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds the Worker into build/ (build/index.js, build/index_bg.wasm) with
+# worker-build --release, offline: every tool worker-build would otherwise
+# download from GitHub is pointed at an installed one. Run scripts/setup.sh
+# first on a fresh machine (`make build` does). Also wrangler's [build] command.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+fail() { printf 'build: %s\n' "$*" >&2; exit 1; }
+
+bin="$PWD/node_modules/.bin"
+[[ -x "$bin/wasm-opt" && -x "$bin/esbuild" ]] \
+  || fail "node_modules is missing wasm-opt or esbuild: run scripts/setup.sh"
+command -v worker-build >/dev/null || fail "worker-build is not installed: run scripts/setup.sh"
+command -v wasm-bindgen >/dev/null || fail "wasm-bindgen is not installed: run scripts/setup.sh"
+
+# worker-build runs the wasm-bindgen CLI on the library's output; the two must
+# be the same version or the generated glue does not match.
+want="$(scripts/wasm-bindgen-version.sh)"
+have="$(wasm-bindgen --version | awk 'NR == 1 { print $NF }')"
+[[ "$have" == "$want" ]] \
+  || fail "wasm-bindgen CLI is $have but Cargo.lock has $want: run scripts/setup.sh"
+
+export WASM_BINDGEN_BIN
+WASM_BINDGEN_BIN="$(command -v wasm-bindgen)"
+export WASM_OPT_BIN="$bin/wasm-opt"
+export ESBUILD_BIN="$bin/esbuild"
+
+worker-build --release
+
+wasm=build/index_bg.wasm
+[[ -f build/index.js && -f "$wasm" ]] || fail "worker-build did not produce build/index.js and $wasm"
+raw=$(wc -c <"$wasm")
+gz=$(gzip -9 -c "$wasm" | wc -c)
+printf 'build: %s is %d bytes raw, %d bytes gzipped\n' "$wasm" "$raw" "$gz"

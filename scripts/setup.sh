@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine to build and test callfence, and does nothing on a
+# machine that is already set up (idempotent; safe to run before every build).
+#
+# - the Rust wasm target,
+# - worker-build (pinned, --locked) and the wasm-bindgen CLI (equal to the
+#   wasm-bindgen in Cargo.lock; installed without --locked, see
+#   docs/TOOLCHAIN or shared notes: its lock names a crate the registry lacks),
+# - the npm devDependencies (wrangler, miniflare, binaryen) from
+#   package-lock.json, with `npm ci`, only when node_modules is missing or
+#   older than the lock file.
+#
+# Downloads only packages (crates.io, the npm registry); nothing from GitHub.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+WORKER_BUILD_VERSION=0.8.7
+# The wasm-bindgen CLI must equal the library version the Worker links.
+WASM_BINDGEN_VERSION="$(scripts/wasm-bindgen-version.sh)"
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
+  say "adding the wasm32-unknown-unknown target"
+  rustup target add wasm32-unknown-unknown
+fi
+
+installed_version() {
+  # Prints the last whitespace-separated word of `$1 --version`, or nothing.
+  command -v "$1" >/dev/null 2>&1 || return 0
+  "$1" --version 2>/dev/null | awk 'NR == 1 { print $NF }'
+}
+
+if [[ "$(installed_version worker-build)" != "$WORKER_BUILD_VERSION" ]]; then
+  say "installing worker-build $WORKER_BUILD_VERSION (a few minutes)"
+  cargo install worker-build --version "$WORKER_BUILD_VERSION" --locked
+fi
+
+if [[ "$(installed_version wasm-bindgen)" != "$WASM_BINDGEN_VERSION" ]]; then
+  say "installing wasm-bindgen-cli $WASM_BINDGEN_VERSION (a few minutes)"
+  cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --force
+fi
+
+# npm ci when node_modules is missing or was installed from another lock file.
+stamp=node_modules/.callfence-lock.sha256
+want="$(sha256sum package-lock.json | cut -d' ' -f1)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+  say "installing npm packages (npm ci)"
+  npm ci --no-audit --no-fund
+  printf '%s\n' "$want" >"$stamp"
+fi

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# `make test`: sets itself up and runs every test, failing on the first
+# failure: formatting, lints, unit and integration tests, the core's wasm
+# build (it must import nothing from "env"), the simulation, the Worker build,
+# wrangler's offline dry-run deploy, and the end-to-end tests in Miniflare.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n== test: %s\n' "$*" >&2; }
+
+# Offline wrangler/Miniflare (TOOLCHAIN.md).
+export WRANGLER_SEND_METRICS=false WRANGLER_HIDE_BANNER=true CLOUDFLARE_CF_FETCH_ENABLED=false CI=true
+
+step "setup"
+scripts/setup.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, -D warnings)"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test --workspace"
+cargo test --workspace
+
+step "core builds for wasm32 and imports nothing from \"env\""
+cargo build -p callfence-core --target wasm32-unknown-unknown --release
+# core is an rlib, so link it as a cdylib to see what it would import. Rust
+# exports nothing from a cdylib but #[no_mangle] items, and optimised builds
+# drop the rest, so the check builds unoptimised (dev profile), keeps dead
+# code and exports every symbol: a call into native-only code (libc, a C
+# library) is then an undefined symbol, which wasm-ld turns into an import
+# from "env".
+cargo rustc -p callfence-core --lib --target wasm32-unknown-unknown --crate-type cdylib \
+  -- -C link-dead-code -C link-arg=--export-all
+target_dir="$(cargo metadata --format-version 1 --no-deps \
+  | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).target_directory))')"
+node scripts/wasm-imports.mjs --forbid env "$target_dir/wasm32-unknown-unknown/debug/callfence_core.wasm"
+
+step "simulation (release, ${CALLFENCE_SIM_SCHEDULES:-2000} schedules)"
+CALLFENCE_SIM_SCHEDULES="${CALLFENCE_SIM_SCHEDULES:-2000}" \
+  cargo test --release -p callfence-core --test sim -- --nocapture
+
+step "make build"
+make build
+
+step "wrangler deploy --dry-run"
+node_modules/.bin/wrangler deploy --dry-run --outdir dist
+
+step "end-to-end tests (Miniflare)"
+node --test tests/e2e/
