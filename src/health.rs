@@ -1,0 +1,121 @@
+//! Health and key publication: `GET /healthz` (public probe), `GET /v1/health`
+//! (admin details, SPEC §13) and `GET /v1/keys` (the edge's public keys).
+
+use crate::config::{Capability, Config, PublishedKey};
+use crate::protocol::{self, Op, Reply};
+use serde_json::{json, Value};
+use worker::Env;
+
+/// `GET /healthz`: 200 `{"status":"ok"}` or 503 `{"status":"degraded"}`
+/// from the configuration alone. It names nothing and never calls the
+/// Dispatcher.
+pub fn healthz(config: &Config) -> (u16, Value) {
+    let ok = config.all_ok();
+    (if ok { 200 } else { 503 }, crate::reply::status_body(ok))
+}
+
+/// `GET /v1/keys`: the active key, then the keys published next.
+pub fn keys(published: &[PublishedKey]) -> Value {
+    let keys: Vec<Value> = published
+        .iter()
+        .map(|key| json!({"kid": key.kid, "public_key": key.public_key, "state": key.state.as_str()}))
+        .collect();
+    json!({ "keys": keys })
+}
+
+/// What the Dispatcher said to a `ping`: the `documents` it reported, or
+/// `None` when it could not be asked.
+pub async fn ping(env: &Env) -> Option<Value> {
+    match protocol::call(env, Op::Ping, serde_json::Map::new()).await {
+        Ok(Reply::Done(mut reply)) => Some(reply.remove("documents").unwrap_or(Value::Null)),
+        Ok(Reply::Refused { .. }) | Err(_) => None,
+    }
+}
+
+/// `GET /v1/health` (always 200 for an admin): capabilities, whether the
+/// Dispatcher answers, and which documents exist (`null` when it does not).
+pub fn health(config: &Config, documents: Option<Value>) -> Value {
+    let capabilities: serde_json::Map<String, Value> = Capability::ALL
+        .into_iter()
+        .map(|c| {
+            let state = if config.problem(c).is_some() {
+                "misconfigured"
+            } else {
+                "ok"
+            };
+            (c.as_str().to_owned(), Value::from(state))
+        })
+        .collect();
+    let reachable = documents.is_some();
+    let documents = documents.map(|d| {
+        json!({
+            "policy": d.get("policy").and_then(Value::as_bool).unwrap_or(false),
+            "nodes": d.get("nodes").and_then(Value::as_bool).unwrap_or(false),
+        })
+    });
+    json!({
+        "status": if config.all_ok() && reachable { "ok" } else { "degraded" },
+        "capabilities": capabilities,
+        "dispatcher": if reachable { "reachable" } else { "unreachable" },
+        "documents": documents,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KeyState;
+
+    fn config(vars: &[(&str, &str)]) -> Config {
+        Config::parse(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn an_unconfigured_worker_is_degraded_and_names_nothing_publicly() {
+        let (status, body) = healthz(&config(&[]));
+        assert_eq!((status, body), (503, json!({"status": "degraded"})));
+    }
+
+    #[test]
+    fn health_details_every_capability_and_the_dispatcher() {
+        let body = health(&config(&[]), None);
+        assert_eq!(
+            body,
+            json!({"status": "degraded",
+                   "capabilities": {"ingress": "misconfigured", "node_routes": "misconfigured",
+                                    "admin": "misconfigured", "key_publication": "misconfigured"},
+                   "dispatcher": "unreachable", "documents": null})
+        );
+        let body = health(
+            &config(&[]),
+            Some(json!({"policy": true, "nodes": false, "future": 1})),
+        );
+        assert_eq!(body["dispatcher"], "reachable");
+        assert_eq!(body["documents"], json!({"policy": true, "nodes": false}));
+    }
+
+    #[test]
+    fn keys_are_listed_with_their_state() {
+        let published = [
+            PublishedKey {
+                kid: "a".into(),
+                public_key: "A".into(),
+                state: KeyState::Active,
+            },
+            PublishedKey {
+                kid: "b".into(),
+                public_key: "B".into(),
+                state: KeyState::Next,
+            },
+        ];
+        assert_eq!(
+            keys(&published),
+            json!({"keys": [{"kid": "a", "public_key": "A", "state": "active"},
+                            {"kid": "b", "public_key": "B", "state": "next"}]})
+        );
+    }
+}
