@@ -1,0 +1,204 @@
+//! callfence's edge: the Cloudflare Worker that verifies carrier webhooks and
+//! node requests, asks the Dispatcher who owns each call, forwards, and
+//! serves the API; and the Dispatcher Durable Object itself.
+//!
+//! Every decision is made by `callfence-core`; this crate translates HTTP
+//! and the Durable Object's storage to and from it.
+//!
+//! # Layout
+//!
+//! Request path, in the order a request meets them:
+//! - [`routes`]: the route table: methods, capability, guard, body limit.
+//! - [`config`]: SPEC §2 variables, per capability, parsed once per isolate.
+//! - [`auth`]: bearer tokens (admin and policy scopes).
+//! - [`node_keys`]: the node-signature pre-check against a cached copy of
+//!   the registry's keys.
+//! - [`health`]: `/healthz`, `/v1/health`, `/v1/keys`.
+//! - [`ingress`]: carrier webhooks: ask, forward, report, answer.
+//! - [`forward`]: one forward to an origin, with the assertion.
+//! - [`node_routes`]: heartbeat, fence, claims, media checks.
+//! - [`panel`]: documents, preview, status, decisions, calls.
+//! - [`dashboard`]: the read-only page at `/`.
+//! - [`reply`]: JSON replies, error codes to HTTP, body size limits.
+//! - [`log`]: one JSON line per request, secrets never included.
+//! - [`clock`]: the edge's clock.
+//!
+//! Dispatcher:
+//! - [`protocol`]: the versioned Worker ↔ Dispatcher messages.
+//! - [`dispatcher`]: the Durable Object and its SQLite [`Store`](callfence_core::store::Store).
+//!
+//! # Request pipeline
+//!
+//! [`serve`] resolves the route (404, 405), refuses it with 503
+//! `misconfigured` if its capability is not configured (before any other
+//! check), then applies its guard (bearer token, node signature or Telnyx
+//! signature, each reading the body within the route's limit first when it
+//! needs it) and only then runs the handler.
+
+#![warn(missing_docs)]
+
+pub mod auth;
+pub mod clock;
+pub mod config;
+pub mod dashboard;
+pub mod dispatcher;
+pub mod forward;
+pub mod health;
+pub mod ingress;
+pub mod log;
+pub mod node_keys;
+pub mod node_routes;
+pub mod panel;
+pub mod protocol;
+pub mod reply;
+pub mod routes;
+
+use crate::config::{Capability, Config};
+use crate::reply::{read_body, Answer, ApiError};
+use crate::routes::{Guard, Route};
+use callfence_core::telnyx;
+use worker::{event, Context, Env, Request, Response};
+
+pub use dispatcher::Dispatcher;
+
+/// The Worker's entry point: serves the request, logs one line, and never
+/// lets an error escape as the runtime's plain 500.
+#[event(fetch)]
+async fn fetch(req: Request, env: Env, ctx: Context) -> worker::Result<Response> {
+    let started = clock::now_ms();
+    let mut log = log::RequestLog::new(&raw_method(&req), &req.path());
+    let response = match serve(req, &env, &ctx, &mut log).await {
+        Ok(response) => Ok(response),
+        Err(error) => {
+            log.error(error.code);
+            error.into_response()
+        }
+    }
+    .or_else(|_| Response::error("internal error", 500))?;
+    log.emit(response.status_code(), clock::now_ms() - started);
+    Ok(response)
+}
+
+/// Serves one request (see the crate's request pipeline).
+pub async fn serve(
+    mut req: Request,
+    env: &Env,
+    ctx: &Context,
+    log: &mut log::RequestLog,
+) -> Result<Response, ApiError> {
+    let method = raw_method(&req);
+    let path = req.path();
+    let route = Route::resolve(&method, &path)?;
+    let config = Config::get(env);
+    if let Some(capability) = route.capability() {
+        if config.problem(capability).is_some() {
+            return Err(ApiError::misconfigured(capability.as_str()));
+        }
+    }
+    let answer = match route.guard() {
+        Guard::Public => match route {
+            Route::Dashboard => {
+                return dashboard::page().map_err(|_| ApiError::new(500, "internal"))
+            }
+            _ => {
+                let (status, body) = public(&route, &config)?;
+                Answer { status, body, headers: Vec::new() }
+            }
+        },
+        Guard::Bearer(access) => {
+            let admin = config
+                .admin
+                .as_ref()
+                .map_err(|_| ApiError::misconfigured(Capability::Admin.as_str()))?;
+            let authorization = req.headers().get("Authorization").ok().flatten();
+            let caller = admin
+                .tokens
+                .authorize(authorization.as_deref(), access)
+                .map_err(ApiError::auth)?;
+            let body = if route.body_limit() > 0 {
+                read_body(&mut req, route.body_limit()).await?
+            } else {
+                Vec::new()
+            };
+            match route {
+                Route::Health => {
+                    let documents = health::ping(env).await;
+                    Answer::ok(health::health(&config, documents))
+                }
+                _ => panel::handle(env, &req, &route, &caller, body).await?,
+            }
+        }
+        Guard::Node => {
+            let body = read_body(&mut req, route.body_limit()).await?;
+            let headers = node_keys::SignedHeaders::of(&req);
+            let node = node_keys::verify(env, &headers.signed(&method, &path, &body)).await?;
+            log.node(&node);
+            let signed_at_s = req
+                .headers()
+                .get(callfence_core::node_auth::HEADER_TIMESTAMP)
+                .ok()
+                .flatten()
+                .and_then(|t| t.parse::<i64>().ok())
+                .unwrap_or(0);
+            node_routes::handle(env, &route, &node, signed_at_s, body).await?
+        }
+        Guard::Carrier => {
+            let ingress = config
+                .ingress
+                .as_ref()
+                .map_err(|_| ApiError::misconfigured(Capability::Ingress.as_str()))?;
+            let body = read_body(&mut req, route.body_limit()).await?;
+            let header = |name: &str| req.headers().get(name).ok().flatten();
+            telnyx::verify(
+                &ingress.telnyx,
+                header("telnyx-signature-ed25519").as_deref(),
+                header("telnyx-timestamp").as_deref(),
+                &body,
+                clock::now_ms(),
+            )
+            .map_err(|e| ApiError::new(401, e.code()))?;
+            let envelope =
+                telnyx::parse_envelope(&body).map_err(|e| ApiError::new(400, e.code()))?;
+            log.event_id(&envelope.event_id);
+            if let Some(session) = envelope.session_hint() {
+                log.call_session_id(session);
+            }
+            for (field, number) in [("from", &envelope.from), ("to", &envelope.to)] {
+                if let Some(number) = number {
+                    log.number(field, number);
+                }
+            }
+            ingress::handle(env, ctx, ingress, body, ingress::carried_headers(&req)).await?
+        }
+    };
+    if answer.status >= 400 {
+        if let Some(code) = answer.body.get("error").and_then(|c| c.as_str()) {
+            log.error(code);
+        }
+    }
+    answer
+        .into_response()
+        .map_err(|_| ApiError::new(500, "internal"))
+}
+
+/// The public routes' answers.
+fn public(route: &Route, config: &Config) -> Result<(u16, serde_json::Value), ApiError> {
+    match route {
+        Route::Healthz => Ok(health::healthz(config)),
+        Route::Keys => {
+            let published = config
+                .published_keys
+                .as_ref()
+                .map_err(|_| ApiError::misconfigured(Capability::KeyPublication.as_str()))?;
+            Ok((200, health::keys(published)))
+        }
+        _ => Err(ApiError::not_found()),
+    }
+}
+
+/// The method exactly as sent. (`worker::Method` turns methods it does not
+/// know into `GET`, which would let `FOO /v1/status` pass for a GET and sign
+/// a different canonical string than the node did.)
+fn raw_method(req: &Request) -> String {
+    req.inner().method()
+}
