@@ -45,7 +45,7 @@ impl<S: Store> Engine<S> {
             self.redrive_due(now_ms, &mut work)?;
             self.sweep(now_ms)?;
             self.prune(now_ms)?;
-            work.next_alarm_ms = self.next_alarm(now_ms)?;
+            work.next_alarm_ms = self.next_alarm_at(now_ms)?;
             Ok(work)
         })
     }
@@ -211,8 +211,9 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// The earliest time anything is due.
-    fn next_alarm(&self, now_ms: i64) -> Result<Option<i64>, EngineError> {
+    /// The earliest time the alarm has anything to do, if ever. The
+    /// Dispatcher arms its alarm with this after every state change.
+    pub fn next_alarm_at(&self, now_ms: i64) -> Result<Option<i64>, EngineError> {
         let timing = &self.config.timing;
         let one = |sql: &str| -> Result<Option<i64>, EngineError> {
             Ok(self
