@@ -255,6 +255,7 @@ fn claim<S: Store>(
                 "already_owned",
                 json!({"claimed": false, "reason": "already_owned"}),
             )),
+            ClaimReply::NotRegistered => Err(refused(401, "unknown_node_key")),
         },
     )
 }

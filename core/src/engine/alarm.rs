@@ -15,6 +15,8 @@ pub const KEPT_DECISIONS: i64 = 10_000;
 pub const MAX_EVENTS: i64 = 200_000;
 /// See [`MAX_EVENTS`].
 pub const MAX_SESSIONS: i64 = 100_000;
+/// See [`MAX_EVENTS`].
+pub const MAX_LEGS: i64 = 200_000;
 
 /// What the Dispatcher must do after its alarm fired.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -208,6 +210,24 @@ impl<S: Store> Engine<S> {
             "DELETE FROM sessions WHERE call_session_id IN (SELECT call_session_id FROM sessions ORDER BY updated_at DESC LIMIT -1 OFFSET ?)",
             &[Value::Int(MAX_SESSIONS)],
         )?;
+        self.exec(
+            "DELETE FROM legs WHERE call_control_id IN (SELECT call_control_id FROM legs ORDER BY updated_at DESC LIMIT -1 OFFSET ?)",
+            &[Value::Int(MAX_LEGS)],
+        )?;
+        // Beats and forward health of nodes no longer registered.
+        let registered = self.registry()?.map(|(_, r)| r).unwrap_or_default();
+        for table in ["heartbeats", "node_health"] {
+            for row in self.exec(&format!("SELECT node FROM {table}"), &[])? {
+                if let Some(node) = row.first().and_then(Value::as_text) {
+                    if !registered.nodes.contains_key(node) {
+                        self.exec(
+                            &format!("DELETE FROM {table} WHERE node = ?"),
+                            &[node.into()],
+                        )?;
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

@@ -72,8 +72,11 @@ pub enum ClaimReply {
         /// Its epoch.
         epoch: u64,
     },
-    /// Another node owns it (409 `already_owned`).
+    /// Another node owns it, or it is an inbound session the policy decides
+    /// (409 `already_owned`).
     AlreadyOwned,
+    /// The claimer is not in the current registry (401 `unknown_node_key`).
+    NotRegistered,
 }
 
 /// Why a media token is refused (409).
@@ -178,10 +181,10 @@ impl<S: Store> Engine<S> {
     ) -> Result<ClaimReply, EngineError> {
         self.store.atomically(|| {
             let Some((_, registry)) = self.registry()? else {
-                return Ok(ClaimReply::AlreadyOwned);
+                return Ok(ClaimReply::NotRegistered);
             };
             let Some(entry) = registry.nodes.get(node) else {
-                return Ok(ClaimReply::AlreadyOwned);
+                return Ok(ClaimReply::NotRegistered);
             };
             let existing = self.load_session(&req.call_session_id)?;
             match &existing {
@@ -191,7 +194,9 @@ impl<S: Store> Engine<S> {
                         epoch: s.epoch.unwrap_or(0),
                     });
                 }
-                Some(s) if s.owner.is_some() || s.direction.as_deref() == Some("incoming") => {
+                // Only a session already known to be outgoing may be claimed:
+                // anything else is decided by the policy, never by a node.
+                Some(s) if s.owner.is_some() || !s.is_outgoing() => {
                     return Ok(ClaimReply::AlreadyOwned);
                 }
                 Some(_) => {}
