@@ -1,0 +1,396 @@
+//! Scenario tests of the engine on real SQLite: the paths the simulation
+//! does not drive (claims and outgoing sessions, the pending window closing,
+//! refused deliveries after an ambiguous one, media checks, heartbeat replay).
+
+use callfence_core::document::DocKind;
+use callfence_core::encoding::b64_encode;
+use callfence_core::engine::{
+    ClaimReply, ClaimRequest, Engine, EngineConfig, FenceRefusal, FenceReply, FenceRequest,
+    Forward, HeartbeatRefusal, Ingress, MediaRefusal, MediaReply, PendingReason, Report,
+    ReportEffect, ReportedAnswer,
+};
+use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, Mode, HEARTBEAT_SCHEMA};
+use callfence_core::media::MediaKeys;
+use callfence_core::store::migrate;
+use callfence_core::store::sqlite::SqliteStore;
+use callfence_core::telnyx::parse_envelope;
+use ed25519_dalek::SigningKey;
+use serde_json::json;
+use std::collections::BTreeMap;
+
+const T0: i64 = 1_796_000_000_000;
+
+struct World {
+    engine: Engine<SqliteStore>,
+    media: MediaKeys,
+    now: i64,
+    seq: u64,
+}
+
+impl World {
+    fn new() -> Self {
+        let store = SqliteStore::in_memory().unwrap();
+        migrate(&store, T0).unwrap();
+        let engine = Engine::new(store, EngineConfig::default());
+        let nodes: serde_json::Map<_, _> = ["M1", "M2"]
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let key = SigningKey::from_bytes(&[i as u8 + 1; 32]);
+                (id.to_string(), json!({"role": "stable", "origin_url": format!("https://{id}.example.com/t"),
+                    "keys": {"k1": b64_encode(key.verifying_key().as_bytes())}, "fallback_approved": false, "admin_drained": false}))
+            })
+            .collect();
+        let registry = json!({"schema": "callfence_nodes_v1", "nodes": nodes});
+        engine
+            .put_document(
+                DocKind::Nodes,
+                registry.to_string().as_bytes(),
+                Some("\"0\""),
+                "t",
+                T0,
+            )
+            .unwrap();
+        let policy = json!({"schema": "riff_node_routing_policy_v1", "default_node": "M1",
+            "by_line": {"sales": {"called_number": "+15102160079", "preferred_node": "M1", "fallback_node": "M2"}}});
+        engine
+            .put_document(
+                DocKind::Policy,
+                policy.to_string().as_bytes(),
+                Some("\"0\""),
+                "t",
+                T0,
+            )
+            .unwrap();
+        let media = MediaKeys::parse(&format!("m1:{}", b64_encode(&[9u8; 32]))).unwrap();
+        Self {
+            engine,
+            media,
+            now: T0,
+            seq: 0,
+        }
+    }
+
+    fn beat(
+        &mut self,
+        node: &str,
+        edit: impl FnOnce(&mut Heartbeat),
+    ) -> Result<serde_json::Value, HeartbeatRefusal> {
+        let lines: BTreeMap<String, String> =
+            [("sales".to_string(), "+15102160079".to_string())].into();
+        self.seq += 1;
+        let mut hb = Heartbeat {
+            schema: HEARTBEAT_SCHEMA.into(),
+            node: node.into(),
+            seq: self.seq,
+            sent_at: String::new(),
+            valid_for_s: 30,
+            mode: Mode::Active,
+            sha: "c".repeat(40),
+            dirty: false,
+            app_ready: true,
+            capacity: Capacity {
+                max_calls: 5,
+                active_calls: 0,
+            },
+            tunnel_up: true,
+            origin_url: format!("https://{node}.example.com/t"),
+            routing_hash: routing_hash(&lines),
+            lines,
+            agent_version: "t".into(),
+        };
+        edit(&mut hb);
+        self.engine.handle_heartbeat(
+            node,
+            self.now / 1000,
+            &serde_json::to_vec(&hb).unwrap(),
+            self.now,
+        )
+    }
+
+    fn webhook(&self, id: &str, kind: &str, session: &str, direction: &str) -> Ingress {
+        let body = json!({"data": {"id": id, "event_type": kind, "payload": {"call_session_id": session,
+            "call_control_id": format!("leg-{session}"), "from": "+12125550199", "to": "+15102160079", "direction": direction}}})
+        .to_string();
+        let envelope = parse_envelope(body.as_bytes()).unwrap();
+        self.engine
+            .handle_webhook(&envelope, &body, &[], self.now)
+            .unwrap()
+    }
+
+    fn report(&self, f: &Forward, answer: ReportedAnswer) -> ReportEffect {
+        let report = Report {
+            event_id: f.event_id.clone(),
+            epoch: f.epoch,
+            attempt: f.attempt,
+            answer,
+            budget_left_ms: 1_000,
+        };
+        self.engine.handle_report(&report, self.now).unwrap()
+    }
+
+    fn fence(&self, node: &str, session: &str, epoch: u64) -> FenceReply {
+        let req = FenceRequest {
+            call_session_id: session.into(),
+            call_control_id: format!("leg-{session}"),
+            epoch,
+            purpose: "answer".into(),
+        };
+        self.engine
+            .handle_fence(node, &req, &self.media, self.now)
+            .unwrap()
+    }
+}
+
+fn forward(ingress: Ingress) -> Forward {
+    match ingress {
+        Ingress::Forward(f) => f,
+        other => panic!("expected a forward, got {other:?}"),
+    }
+}
+
+fn ok(status: u16) -> ReportedAnswer {
+    ReportedAnswer::Http {
+        status,
+        body: "{}".into(),
+    }
+}
+
+fn not_admitted() -> ReportedAnswer {
+    ReportedAnswer::Http {
+        status: 503,
+        body: r#"{"callfence":"not_admitted"}"#.into(),
+    }
+}
+
+#[test]
+fn an_outgoing_session_waits_for_its_claim_then_goes_to_the_claimer() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    w.beat("M2", |_| {}).unwrap();
+    assert_eq!(
+        w.webhook("e1", "call.initiated", "out-1", "outgoing"),
+        Ingress::Pending(PendingReason::NoEligibleNode)
+    );
+    let claim = ClaimRequest {
+        call_control_id: "leg-out-1".into(),
+        call_session_id: "out-1".into(),
+    };
+    let ClaimReply::Claimed { epoch, .. } = w.engine.handle_claim("M2", &claim, w.now).unwrap()
+    else {
+        panic!("not claimed")
+    };
+    assert_eq!(
+        w.engine.handle_claim("M2", &claim, w.now).unwrap(),
+        ClaimReply::Claimed {
+            call_session_id: "out-1".into(),
+            epoch
+        }
+    );
+    assert_eq!(
+        w.engine.handle_claim("M1", &claim, w.now).unwrap(),
+        ClaimReply::AlreadyOwned
+    );
+    w.now += 10;
+    let work = w.engine.poll_alarm(w.now).unwrap();
+    assert_eq!(
+        work.forwards.len(),
+        1,
+        "the parked event is delivered by the alarm"
+    );
+    assert_eq!(
+        (work.forwards[0].node.as_str(), work.forwards[0].epoch),
+        ("M2", epoch)
+    );
+    let later = forward(w.webhook("e2", "call.answered", "out-1", "outgoing"));
+    assert_eq!(later.node, "M2");
+}
+
+#[test]
+fn a_claim_cannot_take_an_inbound_session_and_strangers_are_refused() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    forward(w.webhook("e1", "call.initiated", "in-1", "incoming"));
+    let claim = ClaimRequest {
+        call_control_id: "leg-in-1".into(),
+        call_session_id: "in-1".into(),
+    };
+    assert_eq!(
+        w.engine.handle_claim("M2", &claim, w.now).unwrap(),
+        ClaimReply::AlreadyOwned
+    );
+    assert_eq!(
+        w.engine.handle_claim("M9", &claim, w.now).unwrap(),
+        ClaimReply::NotRegistered
+    );
+}
+
+#[test]
+fn not_admitted_moves_the_call_but_never_after_an_ambiguous_outcome() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    w.beat("M2", |_| {}).unwrap();
+    // Definite refusal first: the call moves to M2 with a higher epoch.
+    let first = forward(w.webhook("a1", "call.initiated", "s-a", "incoming"));
+    assert_eq!(first.node, "M1");
+    let ReportEffect::Reassigned(Some(next)) = w.report(&first, not_admitted()) else {
+        panic!("not reassigned")
+    };
+    assert_eq!(next.node, "M2");
+    assert!(next.epoch > first.epoch);
+    assert!(matches!(
+        w.fence("M1", "s-a", first.epoch),
+        FenceReply::Refused(FenceRefusal::NotOwner | FenceRefusal::StaleEpoch)
+    ));
+    assert!(matches!(
+        w.fence("M2", "s-a", next.epoch),
+        FenceReply::Granted(_)
+    ));
+
+    // Ambiguous first (timeout), then a refusal on the re-drive: stays put.
+    w.now += 31_000; // past M1's recent_forward_failure window
+    w.beat("M1", |_| {}).unwrap();
+    w.beat("M2", |_| {}).unwrap();
+    let first = forward(w.webhook("b1", "call.initiated", "s-b", "incoming"));
+    assert_eq!(
+        w.report(&first, ReportedAnswer::Timeout),
+        ReportEffect::Unknown
+    );
+    let again = forward(w.webhook("b1", "call.initiated", "s-b", "incoming"));
+    assert_eq!(
+        (again.node.as_str(), again.epoch),
+        (first.node.as_str(), first.epoch)
+    );
+    assert_eq!(
+        w.report(&again, not_admitted()),
+        ReportEffect::Unknown,
+        "an ambiguous epoch never moves"
+    );
+    let call = w.engine.call("s-b").unwrap().unwrap();
+    assert_eq!(
+        (call["owner"].as_str(), call["epoch"].as_u64()),
+        (Some(first.node.as_str()), Some(first.epoch))
+    );
+}
+
+#[test]
+fn a_stale_report_changes_nothing_and_a_delivered_event_is_answered_from_the_ledger() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    let f = forward(w.webhook("c1", "call.initiated", "s-c", "incoming"));
+    let stale = Report {
+        event_id: f.event_id.clone(),
+        epoch: f.epoch + 7,
+        attempt: f.attempt,
+        answer: ok(200),
+        budget_left_ms: 0,
+    };
+    assert_eq!(
+        w.engine.handle_report(&stale, w.now).unwrap(),
+        ReportEffect::Unknown
+    );
+    assert_eq!(
+        w.webhook("c1", "call.initiated", "s-c", "incoming"),
+        Ingress::InProgress
+    );
+    let ReportEffect::Delivered(d) = w.report(&f, ok(200)) else {
+        panic!("not delivered")
+    };
+    assert_eq!(
+        w.webhook("c1", "call.initiated", "s-c", "incoming"),
+        Ingress::Delivered(d)
+    );
+}
+
+#[test]
+fn the_pending_window_closes_with_a_rejected_decision() {
+    let mut w = World::new();
+    assert_eq!(
+        w.webhook("p1", "call.initiated", "s-p", "incoming"),
+        Ingress::Pending(PendingReason::NoEligibleNode)
+    );
+    w.now += 5_000;
+    assert!(w.engine.poll_alarm(w.now).unwrap().forwards.is_empty());
+    w.now += 5_001;
+    w.engine.poll_alarm(w.now).unwrap();
+    assert_eq!(
+        w.webhook("p1", "call.initiated", "s-p", "incoming"),
+        Ingress::Rejected
+    );
+    let decisions = w.engine.decisions(None, Some("s-p")).unwrap();
+    let outcomes: Vec<_> = decisions["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["outcome"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec!["rejected", "pending"],
+        "newest first; re-checks record nothing"
+    );
+}
+
+#[test]
+fn media_tokens_hold_for_the_fenced_owner_until_hangup() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    let f = forward(w.webhook("m1", "call.initiated", "s-m", "incoming"));
+    let FenceReply::Granted(grant) = w.fence("M1", "s-m", f.epoch) else {
+        panic!("no grant")
+    };
+    let FenceReply::Granted(again) = w.fence("M1", "s-m", f.epoch) else {
+        panic!("no regrant")
+    };
+    assert!(grant.first && !again.first);
+    assert_eq!(
+        (grant.command_id, grant.media_token.clone()),
+        (again.command_id, again.media_token)
+    );
+    let verify = |node: &str| {
+        w.engine
+            .handle_media_verify(node, &grant.media_token, &w.media, w.now)
+            .unwrap()
+    };
+    assert!(matches!(verify("M1"), MediaReply::Valid { .. }));
+    assert_eq!(verify("M2"), MediaReply::Invalid(MediaRefusal::NotOwner));
+    forward(w.webhook("m2", "call.hangup", "s-m", "incoming"));
+    let verify = |node: &str| {
+        w.engine
+            .handle_media_verify(node, &grant.media_token, &w.media, w.now)
+            .unwrap()
+    };
+    assert_eq!(verify("M1"), MediaReply::Invalid(MediaRefusal::CallEnded));
+    assert_eq!(
+        w.fence("M2", "s-m", f.epoch),
+        FenceReply::Refused(FenceRefusal::NotOwner)
+    );
+}
+
+#[test]
+fn heartbeats_refuse_old_seq_and_replay_identical_bytes() {
+    let mut w = World::new();
+    let first = w.beat("M1", |_| {}).unwrap();
+    assert_eq!(first["eligible"], true);
+    // The same bytes again (seq 1, nothing changed): the stored answer.
+    w.now += 5_000;
+    assert_eq!(w.beat("M1", |h| h.seq = 1).unwrap(), first);
+    // seq 1 with other bytes: stale.
+    assert_eq!(
+        w.beat("M1", |h| {
+            h.seq = 1;
+            h.dirty = true
+        }),
+        Err(HeartbeatRefusal::StaleSeq)
+    );
+    let dirty = w.beat("M1", |h| h.dirty = true).unwrap();
+    assert_eq!(
+        (dirty["accepted"].as_bool(), dirty["eligible"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(dirty["reasons"], json!(["dirty"]));
+    assert!(matches!(
+        w.beat("M1", |h| h.valid_for_s = 99),
+        Err(HeartbeatRefusal::Invalid(_))
+    ));
+}
