@@ -1,7 +1,33 @@
 #!/usr/bin/env bash
 # `make bench`: the benchmarks, with the conditions they were taken under.
-# TODO(lead): the Worker end-to-end figures (Miniflare) next to the core's.
+#
+# 1. the core's native engine bench (`cargo bench -p callfence-core --bench
+#    engine`): medians of the hot paths in-process, rusqlite in memory;
+# 2. scripts/bench.mjs: the Worker end to end on local workerd (Miniflare on
+#    the prebuilt build/): latency against a bare pass-through Worker,
+#    assignments per second through one Dispatcher, the Worker's own time per
+#    webhook, and the wasm's size.
+#
+# Sets itself up first and builds build/ only if it is missing (it never
+# rebuilds a present one: run `make build` after changing src/ or core/).
+# About 1-2 minutes once compiled. BENCH_README=1 also writes the figures
+# into README.md's Benchmarks section; see scripts/bench.mjs for the knobs.
+# Not part of `make test`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-printf 'bench: %s, %s cores, %s\n' "$(uname -srm)" "$(nproc)" "$(rustc --version)"
-cargo bench -p callfence-core
+
+# Offline wrangler/Miniflare (TOOLCHAIN.md).
+export WRANGLER_SEND_METRICS=false WRANGLER_HIDE_BANNER=true CLOUDFLARE_CF_FETCH_ENABLED=false CI=true
+
+bash scripts/setup.sh
+if [[ ! -f build/index.js || ! -f build/index_bg.wasm ]]; then
+  bash scripts/build.sh
+fi
+
+printf 'bench: %s, %s cores, %s, node %s\n' "$(uname -srm)" "$(nproc)" "$(rustc --version)" "$(node --version)"
+printf '\n== bench: core engine, native (cargo bench -p callfence-core --bench engine)\n'
+core_out="$(mktemp)"
+trap 'rm -f "$core_out"' EXIT
+cargo bench -p callfence-core --bench engine 2>&1 | tee "$core_out"
+
+BENCH_CORE_OUTPUT="$core_out" node scripts/bench.mjs

@@ -28,9 +28,21 @@ pub async fn send(
     budget_ms: i64,
     now_ms: i64,
 ) -> ReportedAnswer {
+    send_timed(forward, edge, budget_ms, now_ms).await.0
+}
+
+/// [`send`], also returning the milliseconds spent awaiting the origin (its
+/// answer and body), as opposed to building and signing the request.
+pub async fn send_timed(
+    forward: &Forward,
+    edge: &EdgeKey,
+    budget_ms: i64,
+    now_ms: i64,
+) -> (ReportedAnswer, i64) {
     let Ok(request) = build(forward, edge, now_ms) else {
-        return ReportedAnswer::NetworkError;
+        return (ReportedAnswer::NetworkError, 0);
     };
+    let awaiting = crate::clock::now_ms();
     let controller = AbortController::default();
     let signal = controller.signal();
     let fetch = Fetch::Request(request);
@@ -64,7 +76,7 @@ pub async fn send(
             ReportedAnswer::Timeout
         }
     };
-    answer
+    (answer, crate::clock::now_ms() - awaiting)
 }
 
 fn build(forward: &Forward, edge: &EdgeKey, now_ms: i64) -> worker::Result<Request> {

@@ -5,10 +5,16 @@
 //! hangs up mid-way cannot cancel them; the request awaits their result
 //! through a channel. A reassigned call is forwarded to its new owner at
 //! once while the budget allows.
+//!
+//! The request's log line gets `wait_ms`: the time spent awaiting the
+//! Dispatcher (the webhook and each report) and the origin, so that
+//! `ms - wait_ms` is the time spent in the Worker's own code (see
+//! [`RequestLog::waited`](crate::log::RequestLog::waited)).
 
 use crate::clock::now_ms;
 use crate::config::Ingress as IngressConfig;
 use crate::forward::{self, CARRIED_HEADERS};
+use crate::log::RequestLog;
 use crate::protocol::{self, Op, Reply, Unavailable};
 use crate::reply::{relay, Answer, ApiError};
 use callfence_core::engine::{Forward, Report};
@@ -41,6 +47,7 @@ pub async fn handle(
     config: &IngressConfig,
     body: Vec<u8>,
     headers: Vec<(String, String)>,
+    log: &mut RequestLog,
 ) -> Result<Answer, ApiError> {
     let started = now_ms();
     let budget = i64::from(config.forward_timeout_ms);
@@ -48,7 +55,9 @@ pub async fn handle(
     let mut args = Map::new();
     args.insert("body".into(), Value::String(text));
     args.insert("headers".into(), json!(headers));
+    let asked = now_ms();
     let mut reply = protocol::call(env, Op::Webhook, args).await;
+    log.waited(now_ms() - asked);
     for _ in 0..MAX_HOPS {
         let forward = match &reply {
             Ok(Reply::Done(result)) => match result.get("forward") {
@@ -63,28 +72,31 @@ pub async fn handle(
             _ => return relay(reply),
         };
         let left = budget - (now_ms() - started);
-        reply = forward_and_report(env, ctx, config, forward, left).await;
+        let (next, waited) = forward_and_report(env, ctx, config, forward, left).await;
+        log.waited(waited);
+        reply = next;
     }
     // Still being moved after MAX_HOPS: the alarm finishes the job.
     Err(ApiError::new(503, "reassigned"))
 }
 
 /// Forwards under `waitUntil` and reports the outcome; returns the
-/// Dispatcher's reply to the report.
+/// Dispatcher's reply to the report, and the milliseconds spent awaiting the
+/// origin and the Dispatcher.
 async fn forward_and_report(
     env: &Env,
     ctx: &Context,
     config: &IngressConfig,
     forward: Forward,
     budget_ms: i64,
-) -> Result<Reply, Unavailable> {
+) -> (Result<Reply, Unavailable>, i64) {
     let (tx, rx) = oneshot::channel();
     let env = env.clone();
     let edge = config.edge.clone();
     let total = i64::from(config.forward_timeout_ms);
     ctx.wait_until(async move {
         let sent_at = now_ms();
-        let answer = forward::send(&forward, &edge, budget_ms, sent_at).await;
+        let (answer, origin_wait) = forward::send_timed(&forward, &edge, budget_ms, sent_at).await;
         let spent = now_ms() - sent_at;
         let report = Report {
             event_id: forward.event_id,
@@ -95,8 +107,11 @@ async fn forward_and_report(
         };
         let mut args = Map::new();
         args.insert("report".into(), json!(report));
-        let _ = tx.send(protocol::call(&env, Op::Report, args).await);
+        let reporting = now_ms();
+        let reply = protocol::call(&env, Op::Report, args).await;
+        let waited = origin_wait + (now_ms() - reporting);
+        let _ = tx.send((reply, waited));
     });
     rx.await
-        .unwrap_or_else(|_| Err(Unavailable("the report was lost".into())))
+        .unwrap_or_else(|_| (Err(Unavailable("the report was lost".into())), 0))
 }

@@ -102,7 +102,11 @@ pub async fn serve(
             }
             _ => {
                 let (status, body) = public(&route, &config)?;
-                Answer { status, body, headers: Vec::new() }
+                Answer {
+                    status,
+                    body,
+                    headers: Vec::new(),
+                }
             }
         },
         Guard::Bearer(access) => {
@@ -168,7 +172,7 @@ pub async fn serve(
                     log.number(field, number);
                 }
             }
-            ingress::handle(env, ctx, ingress, body, ingress::carried_headers(&req)).await?
+            ingress::handle(env, ctx, ingress, body, ingress::carried_headers(&req), log).await?
         }
     };
     if answer.status >= 400 {

@@ -2,8 +2,12 @@
 //! when an isolate first reads its configuration.
 //!
 //! A request line holds the method, the path without its query, the status,
-//! the duration, the error code if any, and the identifiers learnt while
-//! serving it (event, session, node), with phone numbers masked. It never
+//! the duration (`ms`, wall time from the request's arrival to its answer),
+//! for carrier webhooks the part of it spent awaiting the Dispatcher and the
+//! origin (`wait_ms`, so `ms - wait_ms` approximates the Worker's own CPU
+//! time: see [`RequestLog::waited`]), the error code if any, and the
+//! identifiers learnt while serving it (event, session, node), with phone
+//! numbers masked. It never
 //! holds keys, tokens, signatures, assertions, media tokens or bodies: the
 //! fields below are the only ones there are, and callers fill them with
 //! identifiers only after they were checked.
@@ -53,6 +57,21 @@ impl RequestLog {
     /// Records a phone number under `field` (`from`, `to`), masked.
     pub fn number(&mut self, field: &'static str, raw: &str) {
         self.fields.insert(field.into(), Value::from(mask(raw)));
+    }
+
+    /// Adds `ms` to `wait_ms`: time spent awaiting another party (the
+    /// Dispatcher's reply, the origin's answer) rather than running the
+    /// Worker's own code. In local workerd `Date.now()` advances during CPU
+    /// work, so `ms - wait_ms` there approximates the Worker's CPU time for
+    /// the request; in production the clock stands still during CPU work.
+    pub fn waited(&mut self, ms: i64) {
+        let total = self
+            .fields
+            .get("wait_ms")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        self.fields
+            .insert("wait_ms".into(), Value::from(total + ms.max(0)));
     }
 
     /// Records the stable error code the request was answered with.
@@ -117,6 +136,8 @@ mod tests {
         log.node("M1");
         log.number("from", "+14155550100");
         log.error("no_eligible_node");
+        log.waited(3);
+        log.waited(2);
         let line = log.line(503, 7);
         assert!(!line.contains('\n'));
         let value: Value = serde_json::from_str(&line).unwrap();
@@ -124,7 +145,7 @@ mod tests {
             value,
             json!({"method": "POST", "path": "/v1/telnyx/webhook", "status": 503, "ms": 7,
                    "event_id": "evt-1", "node": "M1", "from": "+*******0100",
-                   "error": "no_eligible_node"})
+                   "error": "no_eligible_node", "wait_ms": 5})
         );
     }
 
