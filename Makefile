@@ -1,6 +1,6 @@
 # callfence: every command sets itself up first (scripts/setup.sh is
 # idempotent), so a fresh machine needs only Rust, Node 20 and npm.
-.PHONY: build test dev bench
+.PHONY: build test dev demo-call bench
 
 ## build: the Worker into build/ (index.js, index_bg.wasm), offline
 build:
@@ -11,9 +11,14 @@ build:
 test:
 	bash scripts/test.sh
 
-## dev: the Worker and its Dispatcher locally in workerd
+## dev: the Worker and its Dispatcher locally in workerd, with the example
+## documents and the demo nodes M1..M3 (real agents); Ctrl-C stops it
 dev:
 	bash scripts/dev.sh
+
+## demo-call: a signed sample call to the running `make dev` (optional TO=, FROM=, KEEP=1)
+demo-call:
+	node scripts/demo-call.mjs $(if $(TO),--to $(TO)) $(if $(FROM),--from $(FROM)) $(if $(KEEP),--keep)
 
 ## bench: the benchmarks, with the conditions they ran under
 bench:

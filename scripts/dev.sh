@@ -1,11 +1,31 @@
 #!/usr/bin/env bash
-# `make dev`: runs the Worker and its Dispatcher locally in workerd.
-# TODO(lead): persisted state, example documents from policy/, demo nodes,
-# and the printed URLs (SPEC §12). For now: build, then wrangler dev on the
-# prebuilt bundle.
+# `make dev`: sets itself up, builds what is missing or stale, then runs
+# scripts/dev.mjs: the dispatcher in local workerd with state persisted in
+# .dev/state, the example documents from policy/, a fake Telnyx API and the
+# demo nodes M1, M2, M3 (real callfence-agent processes in front of
+# callfence-demo-app), and prints where everything is. Ctrl-C stops it all.
+#
+# CALLFENCE_DEV_NO_BUILD=1 uses build/ as it is (no Worker rebuild).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-scripts/setup.sh
-scripts/build.sh
+
+bash scripts/setup.sh
+
+# The Worker: rebuilt when build/ is missing or older than its sources.
+wasm=build/index_bg.wasm
+if [[ "${CALLFENCE_DEV_NO_BUILD:-}" != 1 ]]; then
+  if [[ ! -f build/index.js || ! -f "$wasm" ]] \
+    || [[ -n "$(find src core/src migrations Cargo.toml Cargo.lock core/Cargo.toml -newer "$wasm" -type f -print -quit)" ]]; then
+    printf 'dev: building the Worker (build/ is missing or older than src/ or core/)\n'
+    bash scripts/build.sh
+  fi
+fi
+
+# The agent and the demo app (cargo only rebuilds what changed).
+cargo build -p callfence-agent --bins
+target_dir="${CARGO_TARGET_DIR:-target}"
+[[ "$target_dir" == /* ]] || target_dir="$PWD/$target_dir"
+export CALLFENCE_AGENT_BIN_DIR="$target_dir/debug"
+
 export WRANGLER_SEND_METRICS=false WRANGLER_HIDE_BANNER=true CLOUDFLARE_CF_FETCH_ENABLED=false
-exec node_modules/.bin/wrangler dev --persist-to .dev/state --var ORIGIN_ALLOW_PLAINTEXT:true
+exec node scripts/dev.mjs

@@ -1,0 +1,618 @@
+// `make dev` (after scripts/dev.sh has set up and built): the dispatcher in
+// local workerd (Miniflare, the prebuilt build/, state persisted in
+// .dev/state), the example documents from policy/, a fake Telnyx API on
+// loopback, and the three demo nodes of policy/README.md as real
+// `callfence-agent run` processes in front of `callfence-demo-app`s.
+//
+// Everything it generates lives in the git-ignored .dev/ (secrets and keys
+// on first run, mode 0600). Ctrl-C (SIGINT) or SIGTERM stops every child.
+//
+// Environment: CALLFENCE_DEV_DIR (default <repo>/.dev; absolute, not under
+// /tmp), CALLFENCE_DEV_PORT (dispatcher, default 8787),
+// CALLFENCE_DEV_TELNYX_PORT (fake Telnyx API, default 8790; 0 picks free
+// ports), CALLFENCE_AGENT_BIN_DIR (where callfence-agent and
+// callfence-demo-app are; default target/debug). The nodes' ports are fixed
+// by policy/nodes.example.json.
+
+import { spawn, execFileSync } from "node:child_process";
+import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes, randomUUID } from "node:crypto";
+import {
+  chmodSync,
+  closeSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  openSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
+import { createServer } from "node:http";
+import { createConnection } from "node:net";
+import { join } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+
+export const ROOT = fileURLToPath(new URL("../", import.meta.url));
+export const DEV = process.env.CALLFENCE_DEV_DIR || join(ROOT, ".dev");
+const PORT = Number(process.env.CALLFENCE_DEV_PORT || 8787);
+const TELNYX_PORT = Number(process.env.CALLFENCE_DEV_TELNYX_PORT || 8790);
+const BIN_DIR = process.env.CALLFENCE_AGENT_BIN_DIR || join(ROOT, "target", "debug");
+const EDGE_KID = "dev-edge";
+
+// The demo nodes of policy/README.md: the registry's origins, the dev seeds,
+// and the lines each demo app serves (policy.example.json: M3 preferred for
+// property_management_ca, M2 for front_desk, M1 the fallback of both).
+const LINES = { property_management_ca: "+15102160079", front_desk: "+15105550123" };
+export const NODES = [
+  { node: "M1", seedByte: 1, origin: 8701, local: 8711, app: 9001, lines: ["property_management_ca", "front_desk"] },
+  { node: "M2", seedByte: 2, origin: 8702, local: 8712, app: 9002, lines: ["front_desk"] },
+  { node: "M3", seedByte: 3, origin: 8703, local: 8713, app: 9003, lines: ["property_management_ca"] },
+];
+
+export const paths = {
+  info: join(DEV, "dev.json"),
+  keys: join(DEV, "keys"),
+  telnyxSeed: join(DEV, "keys", "telnyx.seed"),
+  edgeSeed: join(DEV, "keys", "edge.seed"),
+  adminToken: join(DEV, "keys", "admin-token"),
+  mediaKey: join(DEV, "keys", "media-key"),
+  telnyxApiKey: join(DEV, "keys", "telnyx-api-key"),
+  state: join(DEV, "state"),
+  logs: join(DEV, "logs"),
+  pids: join(DEV, "pids.json"),
+};
+
+// ------------------------------------------------------------------ keys ----
+
+/** The Ed25519 private KeyObject of a 32-byte seed. */
+export function keyFromSeed(seed) {
+  const der = Buffer.concat([Buffer.from("302e020100300506032b657004220420", "hex"), seed]);
+  return createPrivateKey({ key: der, format: "der", type: "pkcs8" });
+}
+
+function publicB64(privateKey) {
+  const jwk = createPublicKey(privateKey).export({ format: "jwk" });
+  return Buffer.from(jwk.x, "base64url").toString("base64");
+}
+
+function writeSecret(path, text) {
+  writeFileSync(path, text, { mode: 0o600, flag: "wx" });
+  chmodSync(path, 0o600);
+}
+
+function readSecret(path) {
+  return readFileSync(path, "utf8").trim();
+}
+
+/** Creates the secrets on first run; returns them. */
+function ensureSecrets() {
+  mkdirSync(paths.keys, { recursive: true, mode: 0o700 });
+  chmodSync(DEV, 0o700);
+  const seed = () => {
+    const { privateKey } = generateKeyPairSync("ed25519");
+    return Buffer.from(privateKey.export({ format: "jwk" }).d, "base64url").toString("base64");
+  };
+  const wanted = [
+    [paths.telnyxSeed, seed],
+    [paths.edgeSeed, seed],
+    [paths.adminToken, () => randomBytes(24).toString("hex")],
+    [paths.mediaKey, () => randomBytes(32).toString("base64")],
+    [paths.telnyxApiKey, () => `KEYdev_${randomBytes(16).toString("hex")}`],
+  ];
+  let created = 0;
+  for (const [path, make] of wanted) {
+    if (!existsSync(path)) {
+      writeSecret(path, `${make()}\n`);
+      created += 1;
+    }
+  }
+  if (created) say(`generated ${created} dev secret(s) in ${paths.keys}`);
+  const telnyx = keyFromSeed(Buffer.from(readSecret(paths.telnyxSeed), "base64"));
+  const edge = keyFromSeed(Buffer.from(readSecret(paths.edgeSeed), "base64"));
+  return {
+    telnyxPublic: publicB64(telnyx),
+    edgeSeed: readSecret(paths.edgeSeed),
+    edgePublic: publicB64(edge),
+    adminToken: readSecret(paths.adminToken),
+    mediaKey: readSecret(paths.mediaKey),
+  };
+}
+
+// ----------------------------------------------------------------- nodes ----
+
+function nodeDir(n) {
+  return join(DEV, "nodes", n.node);
+}
+
+/** The registry's public key of node `n` (policy/nodes.example.json). */
+function registryKey(n) {
+  const registry = JSON.parse(readFileSync(join(ROOT, "policy", "nodes.example.json"), "utf8"));
+  const [[kid, key]] = Object.entries(registry.nodes[n.node].keys);
+  return { kid, key };
+}
+
+/** Key file, runtime checkout, state dir and agent.toml of one demo node. */
+function prepareNode(n, secrets, edgeUrl, telnyxUrl) {
+  const dir = nodeDir(n);
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const { kid, key } = registryKey(n);
+  const keyPath = join(dir, "node.key");
+  const seed = Buffer.alloc(32, n.seedByte);
+  if (publicB64(keyFromSeed(seed)) !== key) {
+    throw new Error(`policy/nodes.example.json: ${n.node}'s key is not the dev seed [${n.seedByte}; 32]`);
+  }
+  if (!existsSync(keyPath)) writeSecret(keyPath, `${seed.toString("base64")}\n`);
+
+  // The runtime checkout: a one-commit git repository, so the SHA is clean.
+  const checkout = join(DEV, "checkouts", n.node);
+  if (!existsSync(join(checkout, ".git"))) {
+    rmSync(checkout, { recursive: true, force: true });
+    mkdirSync(checkout, { recursive: true });
+    writeFileSync(join(checkout, "README.md"), `Runtime checkout of the callfence demo node ${n.node}.\n`);
+    const git = (...args) =>
+      execFileSync(
+        "git",
+        ["-c", "user.name=callfence dev", "-c", "user.email=dev@localhost", "-c", "commit.gpgsign=false",
+          "-c", "core.hooksPath=/dev/null", "-C", checkout, ...args],
+        { stdio: ["ignore", "ignore", "pipe"] },
+      );
+    git("init", "-q");
+    git("add", "README.md");
+    git("commit", "-q", "--no-verify", "-m", `demo node ${n.node}`);
+  }
+
+  const state = join(dir, "state");
+  const config = join(dir, "agent.toml");
+  writeFileSync(
+    config,
+    `# Generated by scripts/dev.mjs on every start; edit the script, not this file.
+node = "${n.node}"
+state_dir = "${state}"
+runtime_checkout = "${checkout}"
+
+[key]
+id = "${kid}"
+path = "${keyPath}"
+
+[edge]
+url = "${edgeUrl}"
+[edge.public_keys]
+${EDGE_KID} = "${secrets.edgePublic}"
+
+[telnyx]
+public_keys = ["${secrets.telnyxPublic}"]
+api_base = "${telnyxUrl}"
+api_key_file = "${paths.telnyxApiKey}"
+
+[listen]
+origin = "127.0.0.1:${n.origin}"
+local = "127.0.0.1:${n.local}"
+
+[app]
+webhook_url = "http://127.0.0.1:${n.app}/telnyx/webhook"
+status_url = "http://127.0.0.1:${n.app}/callfence/status"
+
+[origin]
+url = "http://127.0.0.1:${n.origin}/callfence/telnyx"
+
+[lines]
+source = "app"
+
+[timing]
+heartbeat_interval_ms = 2000
+valid_for_s = 10
+upkeep_interval_ms = 10000
+`,
+    { mode: 0o600 },
+  );
+  // A node starts drained; the demo nodes are set active once, on first run.
+  // Later runs keep whatever mode was set (`callfence-agent mode set ...`).
+  if (!existsSync(join(state, "mode"))) {
+    execFileSync(join(BIN_DIR, "callfence-agent"), ["--config", config, "mode", "set", "active"], {
+      stdio: ["ignore", "ignore", "pipe"],
+    });
+  }
+  return config;
+}
+
+// ------------------------------------------------------------- processes ----
+
+const children = [];
+let stopping = false;
+
+function say(line) {
+  process.stdout.write(`dev: ${line}\n`);
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+function start(name, bin, args) {
+  const log = join(paths.logs, `${name}.log`);
+  const fd = openSync(log, "a");
+  const child = spawn(bin, args, { stdio: ["ignore", fd, fd], cwd: DEV });
+  closeSync(fd);
+  child.devName = name;
+  child.devLog = log;
+  child.exited = new Promise((resolve) => child.once("exit", resolve));
+  child.once("exit", (code, signal) => {
+    if (!stopping) say(`${name} exited (${signal ?? `code ${code}`}); see ${log}`);
+  });
+  children.push(child);
+  child.devBin = bin;
+  recordPids();
+  return child;
+}
+
+/** Workerd, started by Miniflare: our child process whose name is workerd. */
+function workerdPids() {
+  const found = [];
+  for (const pid of readdirSync("/proc").filter((d) => /^\d+$/.test(d))) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+      const bin = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0")[0];
+      if (ppid === process.pid && bin.endsWith("/workerd")) found.push({ pid: Number(pid), bin });
+    } catch {
+      // gone
+    }
+  }
+  return found;
+}
+
+/** Records this run's processes, for `reapLeftovers` after a SIGKILL. */
+function recordPids() {
+  const list = [...running.workerd, ...children.map((c) => ({ pid: c.pid, bin: c.devBin }))];
+  writeFileSync(paths.pids, JSON.stringify({ owner: process.pid, children: list }));
+}
+
+/** Kills the children a previous run left behind when that run itself died
+ * without cleaning up (SIGKILL); never those of a run that is still alive. */
+function reapLeftovers() {
+  if (!existsSync(paths.pids)) return;
+  let recorded = { owner: 0, children: [] };
+  try {
+    recorded = JSON.parse(readFileSync(paths.pids, "utf8"));
+  } catch {
+    // unreadable: nothing to reap
+  }
+  const cmdline = (pid) => {
+    try {
+      return readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+    } catch {
+      return [];
+    }
+  };
+  if (cmdline(recorded.owner).some((arg) => arg.endsWith("dev.mjs"))) return;
+  const killed = [];
+  for (const { pid, bin } of recorded.children ?? []) {
+    if (cmdline(pid)[0] === bin) {
+      process.kill(pid, "SIGKILL");
+      killed.push(pid);
+      say(`killed pid ${pid} (${bin}) left by a previous run`);
+    }
+  }
+  // Wait until they are gone (or zombies): their ports are free then.
+  const alive = (pid) => {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+      return stat.slice(stat.lastIndexOf(")") + 2)[0] !== "Z";
+    } catch {
+      return false;
+    }
+  };
+  const until = Date.now() + 5000;
+  while (killed.some(alive) && Date.now() < until) execFileSync("sleep", ["0.1"]);
+  rmSync(paths.pids, { force: true });
+}
+
+function portFree(port) {
+  return new Promise((resolve) => {
+    const socket = createConnection({ host: "127.0.0.1", port });
+    socket.once("connect", () => {
+      socket.destroy();
+      resolve(false);
+    });
+    socket.once("error", () => resolve(true));
+  });
+}
+
+/** True while `child` has not exited. */
+function alive(child) {
+  return child.exitCode === null && child.signalCode === null;
+}
+
+async function waitFor(what, check, timeoutMs = 15000) {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const gone = children.find((c) => !alive(c));
+    if (gone) throw new Error(`${gone.devName} exited while waiting for ${what}; see ${gone.devLog}`);
+    try {
+      if (await check()) return;
+    } catch {
+      // not yet
+    }
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await sleep(100);
+  }
+}
+
+// ------------------------------------------------------------ fake Telnyx ----
+
+/** A loopback stand-in for the Telnyx Call Control API. Prints every command,
+ * keeps them for GET /dev/commands[?call_control_id=], and accepts them all. */
+function startFakeTelnyx(apiKey) {
+  const commands = [];
+  const log = join(paths.logs, "fake-telnyx.log");
+  const server = createServer((req, res) => {
+    const chunks = [];
+    req.on("data", (c) => chunks.push(c));
+    req.on("end", () => {
+      const url = new URL(req.url, "http://x");
+      const reply = (status, body) => {
+        res.writeHead(status, { "content-type": "application/json" });
+        res.end(JSON.stringify(body));
+      };
+      if (req.method === "GET" && url.pathname === "/dev/commands") {
+        const ccid = url.searchParams.get("call_control_id");
+        return reply(200, { commands: commands.filter((c) => !ccid || c.call_control_id === ccid) });
+      }
+      if (req.headers.authorization !== `Bearer ${apiKey}`) {
+        return reply(401, { errors: [{ code: "10009", title: "Authentication failed" }] });
+      }
+      let body = {};
+      try {
+        body = JSON.parse(Buffer.concat(chunks).toString("utf8") || "{}");
+      } catch {
+        return reply(400, { errors: [{ code: "10015", title: "Invalid JSON" }] });
+      }
+      const action = url.pathname.match(/^\/v2\/calls\/([^/]+)\/actions\/([a-z_]+)$/);
+      if (req.method === "POST" && action) {
+        const entry = {
+          at: new Date().toISOString(),
+          call_control_id: decodeURIComponent(action[1]),
+          action: action[2],
+          command_id: body.command_id ?? null,
+          body,
+        };
+        commands.push(entry);
+        if (commands.length > 1000) commands.shift();
+        writeFileSync(log, `${JSON.stringify(entry)}\n`, { flag: "a" });
+        say(`fake Telnyx: ${entry.action} ${entry.call_control_id} command_id=${entry.command_id}`);
+        return reply(200, { data: { result: "ok" } });
+      }
+      if (req.method === "POST" && url.pathname === "/v2/calls") {
+        const id = randomUUID();
+        const data = { call_control_id: `v3:dev-${id}`, call_session_id: randomUUID(), call_leg_id: id, is_alive: false };
+        say(`fake Telnyx: dial to ${body.to ?? "?"} -> ${data.call_control_id}`);
+        return reply(200, { data });
+      }
+      reply(404, { errors: [{ code: "10005", title: "Resource not found" }] });
+    });
+  });
+  return new Promise((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(TELNYX_PORT, "127.0.0.1", () => resolve(server));
+  });
+}
+
+// ------------------------------------------------------------ dispatcher ----
+
+async function startDispatcher(secrets) {
+  const { Miniflare } = await import("miniflare");
+  const compatibilityDate = readFileSync(join(ROOT, "wrangler.toml"), "utf8").match(
+    /^compatibility_date\s*=\s*"([^"]+)"/m,
+  )[1];
+  const log = join(paths.logs, "dispatcher.log");
+  const mf = new Miniflare({
+    host: "127.0.0.1",
+    port: PORT,
+    cf: false,
+    durableObjectsPersist: paths.state,
+    structuredWorkerdLogs: true,
+    handleStructuredLogs: ({ level, message }) => {
+      writeFileSync(log, `${level}: ${message}\n`, { flag: "a" });
+    },
+    workers: [
+      {
+        name: "callfence",
+        modulesRoot: ROOT,
+        modules: [
+          { type: "ESModule", path: join(ROOT, "build/index.js") },
+          { type: "CompiledWasm", path: join(ROOT, "build/index_bg.wasm") },
+        ],
+        compatibilityDate,
+        bindings: {
+          TELNYX_PUBLIC_KEY: secrets.telnyxPublic,
+          TELNYX_CONNECTION_IDS: "",
+          EDGE_SIGNING_KEY: secrets.edgeSeed,
+          EDGE_KEY_ID: EDGE_KID,
+          EDGE_NEXT_PUBLIC_KEYS: "[]",
+          ADMIN_TOKENS: secrets.adminToken,
+          MEDIA_TOKEN_KEYS: `dev:${secrets.mediaKey}`,
+          FORWARD_TIMEOUT_MS: "1500",
+          ORIGIN_ALLOW_PLAINTEXT: "true",
+        },
+        durableObjects: { DISPATCHER: { className: "Dispatcher", useSQLite: true } },
+      },
+    ],
+  });
+  const url = await mf.ready;
+  return { mf, url: url.origin };
+}
+
+/** PUTs an example document unless one is already stored. */
+async function loadDocument(base, token, route, file) {
+  const auth = { authorization: `Bearer ${token}` };
+  const current = await fetch(`${base}${route}`, { headers: auth });
+  if (current.status === 200) {
+    const { revision } = await current.json();
+    return `already loaded (revision ${revision})`;
+  }
+  const body = readFileSync(join(ROOT, "policy", file), "utf8");
+  const put = await fetch(`${base}${route}`, {
+    method: "PUT",
+    headers: { ...auth, "content-type": "application/json", "if-match": '"0"' },
+    body,
+  });
+  const text = await put.text();
+  if (put.status !== 200 && put.status !== 201) {
+    throw new Error(`PUT ${route} (${file}) answered ${put.status}: ${text}`);
+  }
+  return `loaded policy/${file} (revision ${JSON.parse(text).revision ?? "?"})`;
+}
+
+// ------------------------------------------------------------------ main ----
+
+async function shutdown(code) {
+  if (stopping) return;
+  stopping = true;
+  const started = children.length > 0 || running.mf !== undefined;
+  if (started) say("stopping...");
+  // Timers keep the event loop alive while handles close, and bound it.
+  setTimeout(() => process.exit(code), 15000);
+  const keepAlive = setInterval(() => {}, 1000);
+  for (const c of children) if (alive(c)) c.kill("SIGTERM");
+  await Promise.race([Promise.all(children.map((c) => c.exited)), sleep(6000)]);
+  for (const c of children) if (alive(c)) c.kill("SIGKILL");
+  await Promise.all(children.map((c) => c.exited));
+  running.telnyx?.closeAllConnections();
+  running.telnyx?.close();
+  // workerd may already be gone (Ctrl-C reaches the whole process group).
+  await Promise.race([running.mf?.dispose().catch(() => {}), sleep(5000)]);
+  if (started) rmSync(paths.pids, { force: true });
+  clearInterval(keepAlive);
+  if (started) say("stopped");
+  process.exit(code);
+}
+
+const running = { workerd: [] };
+
+/** Makes Ctrl-C and SIGTERM run `shutdown` alone: Miniflare installs its own
+ * handlers, which exit at once, before the agents have stopped. */
+function ownSignals() {
+  for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"]) {
+    process.removeAllListeners(sig);
+    process.on(sig, () => shutdown(0));
+  }
+}
+
+async function main() {
+  ownSignals();
+  process.on("exit", () => {
+    for (const c of children) if (alive(c)) c.kill("SIGKILL");
+  });
+  for (const file of ["build/index.js", "build/index_bg.wasm"]) {
+    if (!existsSync(join(ROOT, file))) throw new Error(`${file} is missing: run \`make build\``);
+  }
+  for (const bin of ["callfence-agent", "callfence-demo-app"]) {
+    if (!existsSync(join(BIN_DIR, bin))) {
+      throw new Error(`${join(BIN_DIR, bin)} is missing: cargo build -p callfence-agent --bins`);
+    }
+  }
+  mkdirSync(paths.logs, { recursive: true, mode: 0o700 });
+  reapLeftovers();
+  const busy = [];
+  for (const port of [PORT, TELNYX_PORT, ...NODES.flatMap((n) => [n.origin, n.local, n.app])]) {
+    if (port !== 0 && !(await portFree(port))) busy.push(port);
+  }
+  if (busy.length) {
+    throw new Error(`port(s) ${busy.join(", ")} on 127.0.0.1 already in use (is another \`make dev\` running?)`);
+  }
+  const secrets = ensureSecrets();
+
+  const { mf, url } = await startDispatcher(secrets);
+  running.mf = mf;
+  running.workerd = workerdPids();
+  recordPids();
+  ownSignals();
+  running.telnyx = await startFakeTelnyx(readSecret(paths.telnyxApiKey));
+  const telnyxUrl = `http://127.0.0.1:${running.telnyx.address().port}`;
+  say(`dispatcher on ${url} (state in ${paths.state})`);
+  say(`node registry: ${await loadDocument(url, secrets.adminToken, "/v1/nodes", "nodes.example.json")}`);
+  say(`routing policy: ${await loadDocument(url, secrets.adminToken, "/v1/policy", "policy.example.json")}`);
+
+  for (const n of NODES) {
+    const config = prepareNode(n, secrets, url, telnyxUrl);
+    const lineArgs = n.lines.flatMap((id) => ["--line", `${id}=${LINES[id]}`]);
+    start(`${n.node}-app`, join(BIN_DIR, "callfence-demo-app"), [
+      "--listen", `127.0.0.1:${n.app}`, "--agent", `http://127.0.0.1:${n.local}`, ...lineArgs,
+    ]);
+    start(`${n.node}-agent`, join(BIN_DIR, "callfence-agent"), ["--config", config, "run"]);
+  }
+  for (const n of NODES) {
+    await waitFor(`${n.node}'s agent`, async () => {
+      return (await fetch(`http://127.0.0.1:${n.local}/healthz`)).ok;
+    });
+  }
+  writeFileSync(
+    paths.info,
+    JSON.stringify(
+      {
+        dispatcher: url,
+        dashboard: `${url}/`,
+        admin_token_file: paths.adminToken,
+        telnyx_seed_file: paths.telnyxSeed,
+        fake_telnyx: telnyxUrl,
+        logs: paths.logs,
+        nodes: Object.fromEntries(
+          NODES.map((n) => [n.node, {
+            origin_url: `http://127.0.0.1:${n.origin}/callfence/telnyx`,
+            local_api: `http://127.0.0.1:${n.local}`,
+            app: `http://127.0.0.1:${n.app}`,
+            config: join(nodeDir(n), "agent.toml"),
+          }]),
+        ),
+      },
+      null,
+      2,
+    ),
+  );
+
+  // The first beats: wait until the dispatcher has heard from every node.
+  let status = null;
+  try {
+    await waitFor("the first heartbeats", async () => {
+      const r = await fetch(`${url}/v1/status`, { headers: { authorization: `Bearer ${secrets.adminToken}` } });
+      status = await r.json();
+      return status.nodes?.length === NODES.length && status.nodes.every((s) => s.eligible);
+    }, 12000);
+  } catch {
+    say("not every node is eligible yet (see the reasons below and the logs)");
+  }
+
+  const rows = (status?.nodes ?? []).map(
+    (s) =>
+      `    ${s.node}  ${s.role.padEnd(9)} mode ${String(s.mode).padEnd(7)} ` +
+      `${s.eligible ? "eligible" : `NOT eligible: ${JSON.stringify(s.reasons)}`}`,
+  );
+  const lines = (status?.lines ?? []).map(
+    (l) => `    ${l.line_id.padEnd(22)} ${l.called_number}  prefers ${l.prefers}, next call -> ${l.next_call_target ?? "nobody"}`,
+  );
+  process.stdout.write(`
+callfence dev is running. Ctrl-C stops everything.
+
+  dispatcher     ${url.padEnd(24)} workerd, state in ${paths.state}
+  dashboard      ${`${url}/`.padEnd(24)} bearer: the admin token in ${paths.adminToken}
+  fake Telnyx    ${telnyxUrl.padEnd(24)} prints the commands it gets; GET ${telnyxUrl}/dev/commands
+  logs           ${paths.logs}/
+  nodes (callfence-agent -> callfence-demo-app):
+${NODES.map((n) => `    ${n.node}  origin http://127.0.0.1:${n.origin}/callfence/telnyx  local API http://127.0.0.1:${n.local}  app http://127.0.0.1:${n.app}  config ${join(nodeDir(n), "agent.toml")}`).join("\n")}
+  node status:
+${rows.join("\n") || "    (no status yet)"}
+  lines:
+${lines.join("\n") || "    (no status yet)"}
+
+  try:  make demo-call             (a signed call.initiated for +15102160079)
+        curl -H "Authorization: Bearer $(cat ${paths.adminToken})" ${url}/v1/status
+
+`);
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1]).href) {
+  main().catch(async (e) => {
+    process.stderr.write(`dev: ${e.message}\n`);
+    await shutdown(1);
+  });
+}
