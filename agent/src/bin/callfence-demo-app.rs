@@ -3,7 +3,9 @@
 //! `callfence_agent::probe`), takes webhooks from its agent on loopback, and
 //! on `call.initiated` (incoming) asks the agent's `/local/answer`, with the
 //! epoch from `Callfence-Epoch`. It counts a call from `call.initiated` to
-//! `call.hangup`.
+//! `call.hangup`. `GET /demo/events` lists every webhook it was handed (event
+//! id, type and how many times), and `--slow-ms` delays each webhook answer,
+//! so the end-to-end suite can see re-deliveries and crash in mid-delivery.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -39,12 +41,17 @@ struct Args {
     /// Report ready = false.
     #[arg(long)]
     not_ready: bool,
+    /// Wait this long before answering each webhook (a slow app).
+    #[arg(long, default_value_t = 0)]
+    slow_ms: u64,
 }
 
 struct App {
     args: Args,
     lines: BTreeMap<String, String>,
     calls: Mutex<BTreeMap<String, String>>,
+    /// Every webhook handed over, in arrival order: (event id, event type).
+    events: Mutex<Vec<(String, String)>>,
     http: reqwest::Client,
 }
 
@@ -64,11 +71,13 @@ async fn main() -> Result<(), String> {
         args,
         lines,
         calls: Mutex::new(BTreeMap::new()),
+        events: Mutex::new(Vec::new()),
         http: reqwest::Client::new(),
     });
     let router = Router::new()
         .route("/callfence/status", get(status))
         .route("/telnyx/webhook", post(webhook))
+        .route("/demo/events", get(events))
         .with_state(app);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -90,12 +99,31 @@ async fn status(State(app): State<Arc<App>>) -> Json<Value> {
     }))
 }
 
+async fn events(State(app): State<Arc<App>>) -> Json<Value> {
+    let events = app.events.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut counts: BTreeMap<String, (String, u32)> = BTreeMap::new();
+    for (id, kind) in events {
+        counts.entry(id).or_insert((kind, 0)).1 += 1;
+    }
+    Json(
+        json!({"events": counts.iter().map(|(id, (kind, n))| json!({"event_id": id, "event_type": kind, "count": n})).collect::<Vec<_>>()}),
+    )
+}
+
 async fn webhook(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Json<Value> {
     let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let kind = event["data"]["event_type"]
         .as_str()
         .unwrap_or("")
         .to_string();
+    let event_id = event["data"]["id"].as_str().unwrap_or("").to_string();
+    app.events
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((event_id, kind.clone()));
+    if app.args.slow_ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(app.args.slow_ms)).await;
+    }
     let payload = &event["data"]["payload"];
     let ccid = payload["call_control_id"]
         .as_str()
