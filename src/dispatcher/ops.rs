@@ -5,7 +5,7 @@
 use crate::protocol::{self, Op};
 use callfence_core::document::DocKind;
 use callfence_core::engine::{
-    ClaimReply, ClaimRequest, DocError, Engine, EngineError, FenceReply, FenceRequest,
+    BadRequest, ClaimReply, ClaimRequest, DocError, Engine, EngineError, FenceReply, FenceRequest,
     HeartbeatRefusal, Ingress, MediaReply, MediaVerifyRequest, PreviewRequest, Report,
     ReportEffect,
 };
@@ -90,6 +90,22 @@ fn refused_with(
     fields: Json,
 ) -> (u16, &'static str, Map<String, Json>) {
     (status, code, object(fields))
+}
+
+/// The media keys, or 503 `misconfigured` for `node_routes`.
+fn media_keys(
+    media: Option<&MediaKeys>,
+) -> Result<&MediaKeys, (u16, &'static str, Map<String, Json>)> {
+    media.ok_or_else(|| refused_with(503, "misconfigured", json!({"capability": "node_routes"})))
+}
+
+/// The request body parsed by `parse`, or 400 `bad_request` with the detail.
+fn parse_body<T>(
+    args: &Map<String, Json>,
+    parse: fn(&[u8]) -> Result<T, BadRequest>,
+) -> Result<T, (u16, &'static str, Map<String, Json>)> {
+    parse(text(args, "body").as_bytes())
+        .map_err(|bad| refused_with(400, "bad_request", json!({"detail": bad.0})))
 }
 
 fn ping<S: Store>(engine: &Engine<S>) -> Result<Answer, EngineError> {
@@ -198,22 +214,9 @@ fn fence<S: Store>(
     args: &Map<String, Json>,
     now_ms: i64,
 ) -> Result<Answer, EngineError> {
-    let Some(media) = media else {
-        return Ok(Err(refused_with(
-            503,
-            "misconfigured",
-            json!({"capability": "node_routes"}),
-        )));
-    };
-    let req = match FenceRequest::parse(text(args, "body").as_bytes()) {
-        Ok(req) => req,
-        Err(bad) => {
-            return Ok(Err(refused_with(
-                400,
-                "bad_request",
-                json!({"detail": bad.0}),
-            )))
-        }
+    let (media, req) = match (media_keys(media), parse_body(args, FenceRequest::parse)) {
+        (Err(refusal), _) | (_, Err(refusal)) => return Ok(Err(refusal)),
+        (Ok(media), Ok(req)) => (media, req),
     };
     Ok(
         match engine.handle_fence(text(args, "node"), &req, media, now_ms)? {
@@ -232,15 +235,9 @@ fn claim<S: Store>(
     args: &Map<String, Json>,
     now_ms: i64,
 ) -> Result<Answer, EngineError> {
-    let req = match ClaimRequest::parse(text(args, "body").as_bytes()) {
+    let req = match parse_body(args, ClaimRequest::parse) {
         Ok(req) => req,
-        Err(bad) => {
-            return Ok(Err(refused_with(
-                400,
-                "bad_request",
-                json!({"detail": bad.0}),
-            )))
-        }
+        Err(refusal) => return Ok(Err(refusal)),
     };
     Ok(
         match engine.handle_claim(text(args, "node"), &req, now_ms)? {
@@ -266,22 +263,12 @@ fn media_verify<S: Store>(
     args: &Map<String, Json>,
     now_ms: i64,
 ) -> Result<Answer, EngineError> {
-    let Some(media) = media else {
-        return Ok(Err(refused_with(
-            503,
-            "misconfigured",
-            json!({"capability": "node_routes"}),
-        )));
-    };
-    let req = match MediaVerifyRequest::parse(text(args, "body").as_bytes()) {
-        Ok(req) => req,
-        Err(bad) => {
-            return Ok(Err(refused_with(
-                400,
-                "bad_request",
-                json!({"detail": bad.0}),
-            )))
-        }
+    let (media, req) = match (
+        media_keys(media),
+        parse_body(args, MediaVerifyRequest::parse),
+    ) {
+        (Err(refusal), _) | (_, Err(refusal)) => return Ok(Err(refusal)),
+        (Ok(media), Ok(req)) => (media, req),
     };
     Ok(
         match engine.handle_media_verify(text(args, "node"), &req.media_token, media, now_ms)? {
@@ -371,15 +358,9 @@ fn preview<S: Store>(
     args: &Map<String, Json>,
     now_ms: i64,
 ) -> Result<Answer, EngineError> {
-    let req = match PreviewRequest::parse(text(args, "body").as_bytes()) {
+    let req = match parse_body(args, PreviewRequest::parse) {
         Ok(req) => req,
-        Err(bad) => {
-            return Ok(Err(refused_with(
-                400,
-                "bad_request",
-                json!({"detail": bad.0}),
-            )))
-        }
+        Err(refusal) => return Ok(Err(refusal)),
     };
     Ok(engine
         .preview(&req, now_ms)?

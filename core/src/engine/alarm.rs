@@ -4,7 +4,7 @@
 //! pruned (SPEC §7.5, §7.7, §9).
 
 use super::routing::DecisionSubject;
-use super::rows::{event_from_row, event_state as st, EVENT_COLUMNS, OPEN_STATES};
+use super::rows::{event_from_row, event_state as st, SessionRow, EVENT_COLUMNS, OPEN_STATES};
 use super::{Engine, EngineError, Forward};
 use crate::decision::DecisionOutcome;
 use crate::store::{Store, Value};
@@ -75,13 +75,7 @@ impl<S: Store> Engine<S> {
                 continue; // queued by the assignment below; redriven next.
             }
             if event.pending_until_ms.is_some_and(|until| until <= now_ms) {
-                self.reject(
-                    &session.id,
-                    &event.event_id,
-                    session.caller.as_deref(),
-                    session.called.as_deref(),
-                    now_ms,
-                )?;
+                self.reject(&session, &event.event_id, now_ms)?;
                 continue;
             }
             // On assignment, set_owner queues every parked event of the
@@ -91,18 +85,13 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    fn reject(
-        &self,
-        session: &str,
-        event_id: &str,
-        caller: Option<&str>,
-        called: Option<&str>,
-        now_ms: i64,
-    ) -> Result<(), EngineError> {
+    /// Closes an event's parking window: `rejected`, with its decision; the
+    /// unowned session goes once nothing of it is parked any more.
+    fn reject(&self, session: &SessionRow, event_id: &str, now_ms: i64) -> Result<(), EngineError> {
         self.set_event_state(event_id, st::REJECTED, now_ms)?;
-        let routed = self.route(caller, called, Some(session), now_ms)?;
+        let routed = self.route_session(session, now_ms)?;
         let subject = DecisionSubject {
-            session: Some(session),
+            session: Some(&session.id),
             event: Some(event_id),
         };
         self.record_decision(
@@ -113,11 +102,11 @@ impl<S: Store> Engine<S> {
             DecisionOutcome::Rejected,
             now_ms,
         )?;
-        let left = self.session_events(session, &[st::PENDING])?;
+        let left = self.session_events(&session.id, &[st::PENDING])?;
         if left.is_empty() {
             self.exec(
                 "DELETE FROM sessions WHERE call_session_id = ? AND owner IS NULL",
-                &[session.into()],
+                &[session.id.as_str().into()],
             )?;
         }
         Ok(())

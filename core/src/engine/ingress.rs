@@ -308,56 +308,33 @@ impl<S: Store> Engine<S> {
             session: Some(&session.id),
             event: Some(event_id),
         };
-        if session.is_outgoing() {
-            if record_pending {
-                self.record_decision(
-                    subject(),
-                    None,
-                    None,
-                    None,
-                    DecisionOutcome::Pending,
-                    now_ms,
-                )?;
-            }
-            return Ok(Assignment::Parked(PendingReason::NoEligibleNode));
-        }
-        let routed = self.route(
-            session.caller.as_deref(),
-            session.called.as_deref(),
-            Some(&session.id),
-            now_ms,
-        )?;
-        let Some(routed) = routed else {
-            if record_pending {
-                self.record_decision(
-                    subject(),
-                    None,
-                    None,
-                    None,
-                    DecisionOutcome::Pending,
-                    now_ms,
-                )?;
-            }
-            return Ok(Assignment::Parked(PendingReason::NoPolicy));
+        // An outgoing session is never resolved by policy: it waits for its claim.
+        let routed = match session.is_outgoing() {
+            true => None,
+            false => self.route_session(session, now_ms)?,
         };
-        let (Some(node), Some(origin)) = (&routed.selection.chosen, &routed.chosen_origin) else {
+        let Some((node, origin)) = routed.as_ref().and_then(|r| r.target()) else {
             if record_pending {
                 self.record_decision(
                     subject(),
-                    Some(&routed),
+                    routed.as_ref(),
                     None,
                     None,
                     DecisionOutcome::Pending,
                     now_ms,
                 )?;
             }
-            return Ok(Assignment::Parked(PendingReason::NoEligibleNode));
+            let reason = match routed.is_none() && !session.is_outgoing() {
+                true => PendingReason::NoPolicy,
+                false => PendingReason::NoEligibleNode,
+            };
+            return Ok(Assignment::Parked(reason));
         };
         let epoch = self.next_epoch()?;
-        self.set_owner(&session.id, node, epoch, origin, now_ms)?;
+        self.set_owner(&session.id, &node, epoch, &origin, now_ms)?;
         self.record_decision(
             subject(),
-            Some(&routed),
+            routed.as_ref(),
             None,
             Some(epoch),
             DecisionOutcome::Assigned,

@@ -173,15 +173,8 @@ impl<S: Store> Engine<S> {
             session: Some(&session.id),
             event: Some(&event.event_id),
         };
-        let routed = self.route(
-            session.caller.as_deref(),
-            session.called.as_deref(),
-            Some(&session.id),
-            now_ms,
-        )?;
-        let chosen = routed
-            .as_ref()
-            .and_then(|r| r.selection.chosen.clone().zip(r.chosen_origin.clone()));
+        let routed = self.route_session(session, now_ms)?;
+        let chosen = routed.as_ref().and_then(|r| r.target());
         let Some((node, origin)) = chosen else {
             self.exec(
                 "UPDATE sessions SET state = 'pending_assignment', owner = NULL, origin_url = NULL, updated_at = ? WHERE call_session_id = ?",

@@ -2,6 +2,7 @@
 //! its evidence. The same code serves live calls, reassignment, the alarm,
 //! the preview and the status view.
 
+use super::rows::SessionRow;
 use super::{Engine, EngineError};
 use crate::decision::{Decision, DecisionOutcome};
 use crate::eligibility::{self, LineRef};
@@ -22,6 +23,16 @@ pub(crate) struct Routed {
     pub chosen_origin: Option<String>,
     pub chosen_sha: Option<String>,
     pub chosen_clean: Option<bool>,
+}
+
+impl Routed {
+    /// The chosen node and the origin URL it is assigned with, if any.
+    pub(crate) fn target(&self) -> Option<(String, String)> {
+        self.selection
+            .chosen
+            .clone()
+            .zip(self.chosen_origin.clone())
+    }
 }
 
 /// What a decision is about, for the evidence record.
@@ -86,6 +97,21 @@ impl<S: Store> Engine<S> {
             policy_revision,
             nodes_revision,
         }))
+    }
+
+    /// Routes an existing session by the numbers of its first event; the
+    /// session never counts against a node's capacity in its own decision.
+    pub(crate) fn route_session(
+        &self,
+        session: &SessionRow,
+        now_ms: i64,
+    ) -> Result<Option<Routed>, EngineError> {
+        self.route(
+            session.caller.as_deref(),
+            session.called.as_deref(),
+            Some(&session.id),
+            now_ms,
+        )
     }
 
     /// Stores a decision built from a routing answer (or from a claim when
