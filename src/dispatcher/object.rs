@@ -7,9 +7,10 @@ use super::store::DoStore;
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::forward;
-use crate::protocol;
+use crate::protocol::{self, Op};
 use callfence_core::engine::{Engine, EngineConfig, Report, Timing};
 use callfence_core::store::migrate;
+use std::cell::Cell;
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
 /// The Dispatcher Durable Object (class `Dispatcher`, bound as `DISPATCHER`).
@@ -18,6 +19,8 @@ pub struct Dispatcher {
     state: State,
     env: Env,
     engine: Engine<DoStore>,
+    /// When the alarm is known to be armed (None: unknown, ask storage).
+    armed_at: Cell<Option<i64>>,
     /// The outcome of applying the migrations at construction.
     migrated: std::result::Result<(), String>,
 }
@@ -72,6 +75,7 @@ impl DurableObject for Dispatcher {
             state,
             env,
             engine,
+            armed_at: Cell::new(None),
             migrated,
         }
     }
@@ -92,7 +96,9 @@ impl DurableObject for Dispatcher {
                 let media = config.node_routes.as_ref().ok().map(|n| &n.media);
                 let reply = ops::serve(&self.engine, media, op, args, now_ms())
                     .map_err(|e| worker::Error::RustError(e.to_string()))?;
-                self.arm().await?;
+                if matches!(op, Op::Webhook | Op::Report | Op::Claim) {
+                    self.arm().await?;
+                }
                 answer(200, reply)
             }
             Err(error) => answer(400, protocol::encode_rejected(error)),
@@ -100,6 +106,7 @@ impl DurableObject for Dispatcher {
     }
 
     async fn alarm(&self) -> Result<Response> {
+        self.armed_at.set(None);
         let work = self
             .engine
             .poll_alarm(now_ms())
@@ -133,7 +140,7 @@ impl DurableObject for Dispatcher {
 
 impl Dispatcher {
     /// Arms the alarm for the earliest pending work, unless it is already
-    /// armed for earlier.
+    /// armed for earlier (known from memory, else asked of storage once).
     async fn arm(&self) -> Result<()> {
         let now = now_ms();
         let next = self
@@ -143,9 +150,16 @@ impl Dispatcher {
         let Some(at) = next else {
             return Ok(());
         };
+        if self.armed_at.get().is_some_and(|armed| armed <= at) {
+            return Ok(());
+        }
         let storage = self.state.storage();
-        if storage.get_alarm().await?.is_none_or(|armed| armed > at) {
-            storage.set_alarm((at - now).max(0)).await?;
+        match storage.get_alarm().await? {
+            Some(armed) if armed <= at => self.armed_at.set(Some(armed)),
+            _ => {
+                storage.set_alarm((at - now).max(0)).await?;
+                self.armed_at.set(Some(at));
+            }
         }
         Ok(())
     }
