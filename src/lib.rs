@@ -137,14 +137,12 @@ pub async fn serve(
             let headers = node_keys::SignedHeaders::of(&req);
             let node = node_keys::verify(env, &headers.signed(&method, &path, &body)).await?;
             log.node(&node);
-            let signed_at_s = req
-                .headers()
-                .get(callfence_core::node_auth::HEADER_TIMESTAMP)
-                .ok()
-                .flatten()
+            let header = |name: &str| req.headers().get(name).ok().flatten();
+            let kid = header(callfence_core::node_auth::HEADER_KEY_ID).unwrap_or_default();
+            let signed_at_s = header(callfence_core::node_auth::HEADER_TIMESTAMP)
                 .and_then(|t| t.parse::<i64>().ok())
                 .unwrap_or(0);
-            node_routes::handle(env, &route, &node, signed_at_s, body).await?
+            node_routes::handle(env, &route, &node, &kid, signed_at_s, body).await?
         }
         Guard::Carrier => {
             let ingress = config

@@ -7,12 +7,14 @@ use crate::routes::Route;
 use serde_json::{Map, Value};
 use worker::Env;
 
-/// Relays a verified node request. `signed_at_s` is its
-/// `Callfence-Timestamp` (already checked for skew).
+/// Relays a verified node request. `kid` is its `Callfence-Key-Id` (the
+/// Dispatcher re-checks it against the current registry) and `signed_at_s`
+/// its `Callfence-Timestamp` (already checked for skew).
 pub async fn handle(
     env: &Env,
     route: &Route,
     node: &str,
+    kid: &str,
     signed_at_s: i64,
     body: Vec<u8>,
 ) -> Result<Answer, ApiError> {
@@ -26,6 +28,7 @@ pub async fn handle(
     let text = String::from_utf8(body).map_err(|_| ApiError::new(400, "bad_request"))?;
     let mut args = Map::new();
     args.insert("node".into(), Value::from(node));
+    args.insert("kid".into(), Value::from(kid));
     args.insert("signed_at_s".into(), Value::from(signed_at_s));
     args.insert("body".into(), Value::String(text));
     relay(protocol::call(env, op, args).await)

@@ -27,6 +27,17 @@ pub fn serve<S: Store>(
     args: Map<String, Json>,
     now_ms: i64,
 ) -> Result<String, EngineError> {
+    if matches!(op, Op::Heartbeat | Op::Fence | Op::Claim | Op::MediaVerify)
+        && !key_in_force(engine, &args)?
+    {
+        // The Worker's key cache may lag a registry change by a few
+        // seconds: a key removed since is refused here.
+        return Ok(protocol::encode_refused(
+            401,
+            "unknown_node_key",
+            Map::new(),
+        ));
+    }
     let answer = match op {
         Op::Ping => ping(engine),
         Op::NodeKeys => node_keys(engine),
@@ -90,6 +101,22 @@ fn refused_with(
     fields: Json,
 ) -> (u16, &'static str, Map<String, Json>) {
     (status, code, object(fields))
+}
+
+/// True when the request's node and key id are in the current registry.
+fn key_in_force<S: Store>(
+    engine: &Engine<S>,
+    args: &Map<String, Json>,
+) -> Result<bool, EngineError> {
+    Ok(engine
+        .registry()?
+        .and_then(|(_, registry)| {
+            registry
+                .nodes
+                .get(text(args, "node"))
+                .map(|e| e.keys.contains_key(text(args, "kid")))
+        })
+        .unwrap_or(false))
 }
 
 /// The media keys, or 503 `misconfigured` for `node_routes`.
@@ -449,21 +476,65 @@ mod tests {
         );
     }
 
+    /// An engine whose registry has node M1 with key id k1.
+    fn engine_with_m1() -> Engine<SqliteStore> {
+        let e = engine();
+        let key = callfence_core::encoding::b64_encode(
+            ed25519_dalek::SigningKey::from_bytes(&[1; 32])
+                .verifying_key()
+                .as_bytes(),
+        );
+        let registry = json!({"schema": "callfence_nodes_v1", "nodes": {"M1": {
+            "role": "stable", "origin_url": "https://m1.example.com/t", "keys": {"k1": key},
+            "fallback_approved": false, "admin_drained": false}}});
+        let reply = run(
+            &e,
+            Op::PutDocument,
+            json!({"kind": "nodes", "body": registry.to_string(), "if_match": "\"0\"", "writer_fp": "t"}),
+        );
+        assert!(matches!(reply, Reply::Done(_)), "{reply:?}");
+        e
+    }
+
+    fn refusal(reply: Reply) -> (u16, String) {
+        match reply {
+            Reply::Refused { status, body } => (
+                status,
+                body["error"].as_str().unwrap_or_default().to_owned(),
+            ),
+            Reply::Done(map) => panic!("not refused: {map:?}"),
+        }
+    }
+
     #[test]
     fn fence_without_media_keys_is_misconfigured_and_bad_bodies_are_400() {
-        let e = engine();
-        match run(&e, Op::Fence, json!({"node": "M1", "body": "{}"})) {
-            Reply::Refused { status, body } => assert_eq!(
-                (status, body["error"].as_str()),
-                (503, Some("misconfigured"))
-            ),
-            Reply::Done(_) => panic!("granted without keys"),
-        }
-        match run(&e, Op::Claim, json!({"node": "M1", "body": "nope"})) {
-            Reply::Refused { status, body } => {
-                assert_eq!((status, body["error"].as_str()), (400, Some("bad_request")))
+        let e = engine_with_m1();
+        let fence = run(
+            &e,
+            Op::Fence,
+            json!({"node": "M1", "kid": "k1", "body": "{}"}),
+        );
+        assert_eq!(refusal(fence), (503, "misconfigured".into()));
+        let claim = run(
+            &e,
+            Op::Claim,
+            json!({"node": "M1", "kid": "k1", "body": "nope"}),
+        );
+        assert_eq!(refusal(claim), (400, "bad_request".into()));
+    }
+
+    #[test]
+    fn a_key_no_longer_in_the_registry_is_refused_for_every_node_op() {
+        let e = engine_with_m1();
+        for op in [Op::Heartbeat, Op::Fence, Op::Claim, Op::MediaVerify] {
+            for (node, kid) in [("M1", "gone"), ("M9", "k1")] {
+                let reply = run(&e, op, json!({"node": node, "kid": kid, "body": "{}"}));
+                assert_eq!(
+                    refusal(reply),
+                    (401, "unknown_node_key".into()),
+                    "{op:?} {node}/{kid}"
+                );
             }
-            Reply::Done(_) => panic!("claimed with a bad body"),
         }
     }
 }
