@@ -17,7 +17,7 @@ import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:f
 import { createServer } from "node:http";
 import { createServer as createNetServer } from "node:net";
 import { join } from "node:path";
-import { bearer, ed25519, nowSeconds, read, ROOT, sha256Hex, startEdge, telnyxHeaders } from "./harness.mjs";
+import { bearer, durableScratchRoot, ed25519, nowSeconds, read, ROOT, sha256Hex, startEdge, telnyxHeaders } from "./harness.mjs";
 
 export const LINE = { id: "main", number: "+15102160079" };
 export const CANARY_CALLER = "+14155550100";
@@ -225,9 +225,8 @@ async function stop(proc, signal = "SIGKILL") {
  */
 export async function startCluster({ nodes, policy }) {
   const binDir = agentBins();
-  mkdirSync(join(ROOT, "target"), { recursive: true });
   // Not under /tmp: the agent refuses a temporary state directory.
-  const work = mkdtempSync(join(ROOT, "target", "e2e-agents-"));
+  const work = mkdtempSync(join(durableScratchRoot(), "e2e-agents-"));
   const edge = await startEdge();
   const telnyx = await startFakeTelnyx();
   const { keys } = edge;

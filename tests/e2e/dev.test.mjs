@@ -8,12 +8,12 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { createConnection } from "node:net";
 import { join } from "node:path";
 import { test } from "node:test";
 import { agentBins } from "./agents-cluster.mjs";
-import { ROOT } from "./harness.mjs";
+import { durableScratchRoot, ROOT } from "./harness.mjs";
 
 const NODE_PORTS = [8701, 8702, 8703, 8711, 8712, 8713, 9001, 9002, 9003];
 
@@ -60,9 +60,8 @@ test("make dev runs the demo nodes, a demo call is answered, and stopping leaves
   timeout: 60_000,
 }, async () => {
   const bins = agentBins();
-  // Under the repository's target/ (the agents refuse a state dir under /tmp).
-  mkdirSync(join(ROOT, "target"), { recursive: true });
-  const dir = mkdtempSync(join(ROOT, "target", "e2e-dev-"));
+  // Not under /tmp: the agents refuse a temporary state directory.
+  const dir = mkdtempSync(join(durableScratchRoot(), "e2e-dev-"));
   const env = {
     ...process.env,
     CALLFENCE_DEV_DIR: dir,

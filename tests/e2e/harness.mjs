@@ -15,9 +15,9 @@ import {
   sign as cryptoSign,
   verify as cryptoVerify,
 } from "node:crypto";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync } from "node:fs";
 import { createServer } from "node:http";
-import { tmpdir } from "node:os";
+import { homedir, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -31,6 +31,21 @@ const COMPATIBILITY_DATE = readFileSync(join(ROOT, "wrangler.toml"), "utf8").mat
 
 /** An Ed25519 key pair: `publicKey` as base64 of the raw 32 bytes, `seed` as
  * base64 of the 32-byte private seed, and the node:crypto KeyObjects. */
+/**
+ * A directory for state that must not be volatile (the agent refuses a state
+ * dir under /tmp, /var/tmp or /dev/shm): the repository's target/, unless the
+ * checkout itself lives on such a path; then ~/.cache/callfence-tests.
+ */
+export function durableScratchRoot() {
+  const volatile = (p) => ["/tmp", "/var/tmp", "/dev/shm"].some((v) => p === v || p.startsWith(`${v}/`));
+  const target = join(ROOT, "target");
+  mkdirSync(target, { recursive: true });
+  if (!volatile(target) && !volatile(realpathSync(target))) return target;
+  const root = join(homedir(), ".cache", "callfence-tests");
+  mkdirSync(root, { recursive: true });
+  return root;
+}
+
 export function ed25519() {
   const { publicKey, privateKey } = generateKeyPairSync("ed25519");
   const jwk = privateKey.export({ format: "jwk" });

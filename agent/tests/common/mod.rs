@@ -30,10 +30,28 @@ pub fn now_ms() -> i64 {
     callfence_agent::clock::now_ms()
 }
 
-/// A fresh directory under the target's tmp dir (not /tmp: the agent refuses it).
+/// Where test state may live: the target's tmp dir, unless the checkout
+/// itself sits on a volatile path (`/tmp`, `/var/tmp`, `/dev/shm`), which the
+/// agent refuses for a state directory; then `~/.cache/callfence-tests`.
+pub fn durable_root() -> PathBuf {
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let resolved = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
+    let volatile = ["/tmp", "/var/tmp", "/dev/shm"]
+        .iter()
+        .any(|v| target.starts_with(v) || resolved.starts_with(v));
+    if !volatile {
+        return target.to_path_buf();
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"));
+    home.join(".cache").join("callfence-tests")
+}
+
+/// A fresh directory under [`durable_root`].
 pub fn scratch(name: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+    let dir = durable_root().join(format!(
         "{name}-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::SeqCst)
