@@ -162,14 +162,7 @@ pub fn verify(
     if header.len() > MAX_HEADER_BYTES {
         return Err(AssertionError::Malformed);
     }
-    let mut parts = header.split('.');
-    let (Some(version), Some(kid), Some(payload), Some(sig), None) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
+    let Some([version, kid, payload, sig]) = crate::encoding::split_token(header) else {
         return Err(AssertionError::Malformed);
     };
     if version != VERSION || kid.is_empty() || kid.len() > MAX_KID_BYTES || payload.is_empty() {

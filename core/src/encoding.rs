@@ -43,6 +43,14 @@ pub fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// Splits a `{version}.{kid}.{payload}.{signature}` token (assertions, media
+/// tokens) into its four parts; `None` unless there are exactly four.
+pub fn split_token(token: &str) -> Option<[&str; 4]> {
+    let mut parts = token.split('.');
+    let split = [parts.next()?, parts.next()?, parts.next()?, parts.next()?];
+    parts.next().is_none().then_some(split)
+}
+
 /// Compares two byte strings in time that depends only on their lengths.
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -70,6 +78,14 @@ mod tests {
         assert_eq!(b64_decode(" aGk="), None, "whitespace");
         assert_eq!(b64url_decode("aGk="), None, "padding in base64url");
         assert_eq!(b64url_decode("aGk"), Some(b"hi".to_vec()));
+    }
+
+    #[test]
+    fn tokens_split_into_exactly_four_parts() {
+        assert_eq!(split_token("v1.k.p.s"), Some(["v1", "k", "p", "s"]));
+        assert_eq!(split_token("v1.k.p"), None);
+        assert_eq!(split_token("v1.k.p.s.x"), None);
+        assert_eq!(split_token("..."), Some(["", "", "", ""]));
     }
 
     #[test]

@@ -221,14 +221,7 @@ pub fn verify(keys: &MediaKeys, token: &str, now_ms: i64) -> Result<MediaClaims,
     if token.len() > MAX_TOKEN_BYTES {
         return Err(bad);
     }
-    let mut parts = token.split('.');
-    let (Some(version), Some(kid), Some(payload), Some(tag), None) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
+    let Some([version, kid, payload, tag]) = crate::encoding::split_token(token) else {
         return Err(bad);
     };
     if version != VERSION || !valid_kid(kid) || payload.is_empty() {
