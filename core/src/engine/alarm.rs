@@ -224,13 +224,7 @@ impl<S: Store> Engine<S> {
     /// Dispatcher arms its alarm with this after every state change.
     pub fn next_alarm_at(&self, now_ms: i64) -> Result<Option<i64>, EngineError> {
         let timing = &self.config.timing;
-        let one = |sql: &str| -> Result<Option<i64>, EngineError> {
-            Ok(self
-                .exec(sql, &[])?
-                .first()
-                .and_then(|r| r.first())
-                .and_then(Value::as_int))
-        };
+        let one = |sql: &str| self.scalar(sql, &[]);
         let mut due: Vec<i64> = Vec::new();
         if one("SELECT 1 FROM events WHERE state = 'pending_assignment' LIMIT 1")?.is_some() {
             due.push(now_ms + timing.pending_retry_ms);

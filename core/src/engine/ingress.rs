@@ -223,11 +223,11 @@ impl<S: Store> Engine<S> {
             )?;
         }
         if leg_state == Some("hungup") && session.owner.is_some() {
-            let open = self.exec(
+            let open = self.scalar(
                 "SELECT COUNT(*) FROM legs WHERE call_session_id = ? AND state != 'hungup'",
                 &[session.id.as_str().into()],
             )?;
-            if open.first().and_then(|r| r.first()).and_then(Value::as_int) == Some(0) {
+            if open == Some(0) {
                 self.exec(
                     "UPDATE sessions SET state = 'ended', settled_at = ?, updated_at = ? WHERE call_session_id = ?",
                     &[Value::Int(now_ms), Value::Int(now_ms), session.id.as_str().into()],

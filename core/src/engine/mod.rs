@@ -214,13 +214,20 @@ impl<S: Store> Engine<S> {
         Ok(self.store.exec(sql, params)?)
     }
 
-    /// Reads a named counter (0 when absent).
-    fn counter(&self, name: &str) -> Result<i64, EngineError> {
-        let rows = self.exec("SELECT value FROM counters WHERE name = ?", &[name.into()])?;
-        Ok(rows
+    /// The integer in the first column of the first row, if any (counts,
+    /// minima, existence checks).
+    fn scalar(&self, sql: &str, params: &[Value]) -> Result<Option<i64>, EngineError> {
+        Ok(self
+            .exec(sql, params)?
             .first()
             .and_then(|r| r.first())
-            .and_then(Value::as_int)
+            .and_then(Value::as_int))
+    }
+
+    /// Reads a named counter (0 when absent).
+    fn counter(&self, name: &str) -> Result<i64, EngineError> {
+        Ok(self
+            .scalar("SELECT value FROM counters WHERE name = ?", &[name.into()])?
             .unwrap_or(0))
     }
 

@@ -197,13 +197,8 @@ impl<S: Store> Engine<S> {
     /// Open calls assigned to `node`, not counting `except` (the call being
     /// decided). The count reads the `(owner, state)` index only.
     pub(crate) fn open_calls(&self, node: &str, except: Option<&str>) -> Result<u32, EngineError> {
-        let one = |sql: &str, params: &[Value]| -> Result<i64, EngineError> {
-            Ok(self
-                .exec(sql, params)?
-                .first()
-                .and_then(|r| r.first())
-                .and_then(Value::as_int)
-                .unwrap_or(0))
+        let one = |sql: &str, params: &[Value]| {
+            Ok::<_, EngineError>(self.scalar(sql, params)?.unwrap_or(0))
         };
         let all = one(
             &format!("SELECT COUNT(*) FROM sessions WHERE owner = ? AND state IN {OPEN_STATES}"),

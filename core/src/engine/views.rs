@@ -117,12 +117,7 @@ impl<S: Store> Engine<S> {
     }
 
     fn count(&self, sql: &str) -> Result<i64, EngineError> {
-        Ok(self
-            .exec(sql, &[])?
-            .first()
-            .and_then(|r| r.first())
-            .and_then(Value::as_int)
-            .unwrap_or(0))
+        Ok(self.scalar(sql, &[])?.unwrap_or(0))
     }
 
     /// `GET /v1/status`: the panel contract.
