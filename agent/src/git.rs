@@ -2,6 +2,11 @@
 //! `dirty` from `git status --porcelain --untracked-files=all` (any line,
 //! untracked files included, means dirty). When git fails the checkout is
 //! reported with an empty SHA and dirty, which the edge reads as ineligible.
+//!
+//! The configured directory must be the top level of its work tree: a
+//! directory that merely sits inside some other checkout would otherwise
+//! report that enclosing repository's SHA and cleanliness, which says
+//! nothing about the code the node runs.
 
 use std::path::Path;
 use std::time::Duration;
@@ -45,8 +50,11 @@ async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
 
 /// Inspects the checkout at `dir`.
 pub async fn inspect(dir: &Path) -> Checkout {
-    let sha = match git(dir, &["rev-parse", "HEAD"]).await {
-        Ok(text) => text.trim().to_string(),
+    let sha = match git(dir, &["rev-parse", "--show-toplevel", "HEAD"])
+        .await
+        .and_then(|text| head_of_top_level(dir, &text))
+    {
+        Ok(sha) => sha,
         Err(e) => {
             return Checkout {
                 sha: String::new(),
@@ -67,6 +75,25 @@ pub async fn inspect(dir: &Path) -> Checkout {
             error: Some(e),
         },
     }
+}
+
+/// Reads `rev-parse --show-toplevel HEAD` output: the SHA, provided the
+/// work tree's top level is `dir` itself.
+fn head_of_top_level(dir: &Path, text: &str) -> Result<String, String> {
+    let mut lines = text.lines();
+    let top = lines.next().unwrap_or_default().trim();
+    let sha = lines.next().unwrap_or_default().trim();
+    let same = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    if same(Path::new(top)) != same(dir) {
+        return Err(format!(
+            "{} is not the top level of a git checkout (the enclosing one is {top})",
+            dir.display()
+        ));
+    }
+    if sha.is_empty() {
+        return Err("git rev-parse printed no HEAD".to_string());
+    }
+    Ok(sha.to_string())
 }
 
 #[cfg(test)]
@@ -107,6 +134,33 @@ mod tests {
         assert!(!c.dirty);
         std::fs::write(dir.join("new.txt"), "x").unwrap();
         assert!(inspect(&dir).await.dirty);
+    }
+
+    #[tokio::test]
+    async fn a_directory_inside_a_clean_checkout_is_not_that_checkout() {
+        let dir = test_dir("git-nested");
+        run(&dir, &["init", "-q"]);
+        let inner = dir.join("app");
+        std::fs::create_dir_all(&inner).unwrap();
+        std::fs::write(dir.join(".gitignore"), "app/\n").unwrap();
+        run(&dir, &["add", ".gitignore"]);
+        run(
+            &dir,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-q",
+                "-m",
+                "x",
+            ],
+        );
+        assert!(!inspect(&dir).await.dirty, "the outer checkout is clean");
+        let c = inspect(&inner).await;
+        assert!(c.dirty && c.sha.is_empty(), "{c:?}");
+        assert!(c.error.unwrap().contains("top level"));
     }
 
     #[tokio::test]
