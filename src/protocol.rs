@@ -25,7 +25,11 @@
 //! The Worker treats anything else as the Dispatcher being unavailable
 //! (503 `dispatcher_unavailable`, nothing forwarded): the stub throwing, a
 //! runtime's plain-text 5xx, a status other than 200, a body that is not
-//! such an object, a version it does not accept.
+//! such an object, a version it does not accept, or no full answer within
+//! [`DEADLINE_MS`]. A Dispatcher that hangs therefore still gets the caller
+//! an explicit 503 before Telnyx's own 2 s webhook timeout; whatever the
+//! Dispatcher decided meanwhile is safe to leave, because an assignment
+//! nobody forwarded is an attempt whose lease lapses and is re-driven.
 //!
 //! # Operations
 //!
@@ -46,6 +50,7 @@
 //! mapping from engine outcomes to them lives in one place,
 //! `dispatcher::ops`.
 
+use futures_util::future::{select, Either};
 use serde_json::{Map, Value};
 
 /// The protocol version this build speaks.
@@ -56,6 +61,9 @@ pub const INSTANCE: &str = "global";
 
 /// The `DISPATCHER` binding.
 pub const BINDING: &str = "DISPATCHER";
+
+/// How long one call may wait for the Dispatcher's whole answer.
+pub const DEADLINE_MS: u64 = 1_500;
 
 /// True for the versions this build accepts: its own and its neighbours.
 pub fn accepts(version: u64) -> bool {
@@ -294,9 +302,16 @@ pub async fn call(
     let request =
         worker::Request::new_with_init(&format!("https://dispatcher/{}", op.as_str()), &init)
             .map_err(failed)?;
-    let mut response = stub.fetch_with_request(request).await.map_err(failed)?;
-    let body = response.bytes().await.map_err(failed)?;
-    decode_reply(response.status_code(), &body)
+    let answer = async move {
+        let mut response = stub.fetch_with_request(request).await.map_err(failed)?;
+        let body = response.bytes().await.map_err(failed)?;
+        decode_reply(response.status_code(), &body)
+    };
+    let deadline = worker::Delay::from(std::time::Duration::from_millis(DEADLINE_MS));
+    match select(Box::pin(answer), Box::pin(deadline)).await {
+        Either::Left((reply, _)) => reply,
+        Either::Right(_) => Err(Unavailable(format!("no answer within {DEADLINE_MS} ms"))),
+    }
 }
 
 #[cfg(test)]

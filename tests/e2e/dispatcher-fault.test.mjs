@@ -1,12 +1,14 @@
 // A Dispatcher that fails for real: DISPATCHER is bound to a Durable Object
 // class in another script that throws, answers the runtime's plain-text 500,
-// or speaks a protocol version the Worker does not accept. The Worker must
-// treat each as `dispatcher_unavailable`, and keep serving what does not need
-// the Dispatcher.
+// speaks a protocol version the Worker does not accept, or never answers.
+// The Worker must treat each as `dispatcher_unavailable` (a signed webhook
+// included: 503, never a direct forward), and keep serving what does not
+// need the Dispatcher.
 
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { bearer, ed25519, nodeHeaders, nowSeconds, read, startEdge } from "./harness.mjs";
+import { callEvent, webhook } from "./fixtures.mjs";
 
 const faults = {
   "throws from fetch": `
@@ -33,6 +35,14 @@ const faults = {
       }
     }
     export default { fetch() { return new Response("stand-in script"); } };`,
+  "never answers": `
+    export class Dispatcher {
+      async fetch() {
+        await new Promise((resolve) => setTimeout(resolve, 60_000));
+        return new Response("too late");
+      }
+    }
+    export default { fetch() { return new Response("stand-in script"); } };`,
 };
 
 for (const [name, script] of Object.entries(faults)) {
@@ -52,6 +62,16 @@ for (const [name, script] of Object.entries(faults)) {
         dispatcher: "unreachable",
         documents: null,
       });
+    });
+
+    test("a signed webhook: 503 dispatcher_unavailable with Retry-After, before Telnyx's 2 s timeout", async () => {
+      const event = callEvent("call.initiated", { session: "s-fault", leg: "l-fault", from: "+14155550100", to: "+12025550133" });
+      const started = Date.now();
+      const res = await webhook(edge, event);
+      const took = Date.now() - started;
+      assert.deepEqual([res.status, res.body], [503, { error: "dispatcher_unavailable" }]);
+      assert.equal(res.headers.get("retry-after"), "1");
+      assert.ok(took < 2000, `answered after ${took} ms`);
     });
 
     test("GET /healthz never asks it: still ok", async () => {
