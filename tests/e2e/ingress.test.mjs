@@ -153,11 +153,16 @@ describe("ingress on a two-node cluster", () => {
 
   test("a duplicate while an attempt's lease is live gets 503 in_progress, not a second forward", async () => {
     const slow = callEvent("call.initiated", { session: "lease-1", leg: "lease-1-a", to: LINE });
+    // The origin answers 750 ms after the webhook was sent: inside the
+    // 1000 ms budget however long the Dispatcher took, and late enough that
+    // the duplicate lands while the first attempt is still open.
+    let sentAt = 0;
     M2.origin.respond = async (r) => {
-      if (r.body.includes("lease-1")) await sleep(600);
+      if (r.body.includes("lease-1")) await sleep(Math.max(0, sentAt + 750 - Date.now()));
       return { status: 200, body: { ok: true } };
     };
     try {
+      sentAt = Date.now();
       const firstP = webhook(edge, slow);
       await waitFor(() => received(M2, slow.data.id).length === 1, { what: "the slow forward" });
       const dup = await webhook(edge, slow);

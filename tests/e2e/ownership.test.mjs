@@ -214,11 +214,17 @@ describe("not_admitted when the budget is spent", () => {
   test("503 reassigned, then the alarm delivers the queued events in order to the new owner", async () => {
     const { edge } = cluster;
     const { M1, M2 } = cluster.nodes;
+    // Answered 870 ms after the webhook was sent: within the 1000 ms budget,
+    // but with less than 250 ms of it left. Timed from the send, not from
+    // the forward's arrival, so a slow Dispatcher on a loaded machine moves
+    // neither edge of the window.
+    let sentAt = 0;
     M1.origin.respond = async () => {
-      await sleep(800); // answered within the 1000 ms budget, but with < 250 ms of it left
+      await sleep(Math.max(0, sentAt + 870 - Date.now()));
       return { status: 503, body: { callfence: "not_admitted" } };
     };
     const init = callEvent("call.initiated", { session: "late-1", leg: "late-1-a" });
+    sentAt = Date.now();
     const res = await webhook(edge, init);
     assert.deepEqual([res.status, res.body.error], [503, "reassigned"]);
     const call = await waitFor(
