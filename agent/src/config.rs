@@ -188,7 +188,8 @@ pub struct Config {
     pub node: String,
     /// Durable state: mode, seq, ledger, last beat. Never under /tmp.
     pub state_dir: PathBuf,
-    /// The git checkout the voice app runs from; its SHA is reported.
+    /// The git checkout the voice app runs from (its top level); its SHA is
+    /// reported.
     pub runtime_checkout: PathBuf,
     /// The active node key.
     pub key: KeyRef,
