@@ -29,6 +29,7 @@
 //! - [`selection`]: preferred node, then the fallback order.
 //! - [`decision`]: the evidence record of each routing decision.
 //! - [`outcome`]: classification of an origin's answer to a forward.
+//! - [`admission`]: shedding webhooks the Dispatcher cannot take in time.
 //!
 //! State (SQL through [`store::Store`], schema in `migrations/`):
 //! - [`store`]: the storage trait, values, migrations runner, rusqlite backend.
@@ -55,6 +56,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod assertion;
 pub mod decision;
 pub mod document;

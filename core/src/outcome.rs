@@ -43,6 +43,32 @@ impl OutcomeClass {
     }
 }
 
+/// What the edge may tell the carrier as soon as the origin has answered,
+/// before the Dispatcher has the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EarlyAnswer {
+    /// 200 `{"delivered_to","epoch","event_id"}`: the owner has the event,
+    /// whatever the report later records (a lost report lapses the lease and
+    /// the alarm re-drives to the same owner, whose ledger answers it).
+    Delivered,
+    /// 503 `delivery_unknown`: the claim is kept whatever the report does.
+    Unknown,
+    /// Only the report says: the call may move to a new owner, to be
+    /// forwarded at once.
+    AwaitReport,
+}
+
+impl OutcomeClass {
+    /// The carrier's answer that need not wait for the report.
+    pub fn early_answer(self) -> EarlyAnswer {
+        match self {
+            OutcomeClass::Delivered | OutcomeClass::DeliveredWithError => EarlyAnswer::Delivered,
+            OutcomeClass::Unknown => EarlyAnswer::Unknown,
+            OutcomeClass::NotDelivered => EarlyAnswer::AwaitReport,
+        }
+    }
+}
+
 /// Classifies an origin's answer.
 pub fn classify(answer: &OriginAnswer) -> OutcomeClass {
     match answer {
@@ -125,6 +151,21 @@ mod tests {
             classify(&http(200, r#"{"callfence":"not_admitted"}"#)),
             OutcomeClass::Delivered
         );
+    }
+
+    #[test]
+    fn only_a_definite_non_delivery_waits_for_the_report() {
+        use EarlyAnswer::*;
+        for (answer, early) in [
+            (http(200, ""), Delivered),
+            (http(404, ""), Delivered),
+            (http(500, ""), Unknown),
+            (OriginAnswer::Timeout, Unknown),
+            (http(503, r#"{"callfence":"not_admitted"}"#), AwaitReport),
+            (http(302, ""), AwaitReport),
+        ] {
+            assert_eq!(classify(&answer).early_answer(), early, "{answer:?}");
+        }
     }
 
     #[test]

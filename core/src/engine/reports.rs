@@ -47,6 +47,11 @@ pub enum ReportedAnswer {
 }
 
 impl ReportedAnswer {
+    /// The class of this answer (SPEC §7.7).
+    pub fn class(&self) -> OutcomeClass {
+        classify(&self.to_origin())
+    }
+
     fn to_origin(&self) -> OriginAnswer {
         match self {
             ReportedAnswer::Http { status, body } => OriginAnswer::Http {
