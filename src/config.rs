@@ -17,6 +17,7 @@
 
 use crate::auth::Tokens;
 use callfence_core::encoding::{b64_decode, b64_encode};
+use callfence_core::engine::{EngineConfig, Timing};
 use callfence_core::media::MediaKeys;
 use callfence_core::registry::is_node_id;
 use callfence_core::telnyx::TelnyxKeys;
@@ -177,6 +178,24 @@ pub struct Config {
     pub admin: Result<Admin, Misconfigured>,
     /// The keys `GET /v1/keys` publishes, active first.
     pub published_keys: Result<Vec<PublishedKey>, Misconfigured>,
+    /// The test-only switches (never set in a deployment).
+    pub test: TestSwitches,
+}
+
+/// The `CALLFENCE_TEST_*` variables: shorter background timing and a fault
+/// switch, for tests only (README, "Test-only variables"). Each is a
+/// positive decimal; anything else is ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TestSwitches {
+    /// `CALLFENCE_TEST_NODE_LOST_MS`.
+    pub node_lost_ms: Option<i64>,
+    /// `CALLFENCE_TEST_MAX_DURATION_MS`.
+    pub max_duration_ms: Option<i64>,
+    /// `CALLFENCE_TEST_SWEEP_MS`.
+    pub sweep_ms: Option<i64>,
+    /// `CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES`: every atomic unit of the
+    /// Dispatcher fails at its (N+1)-th write (N may be 0).
+    pub fail_unit_after_writes: Option<u32>,
 }
 
 thread_local! {
@@ -281,11 +300,49 @@ impl Config {
             }),
         };
 
+        let positive = |name: &str| {
+            var(name)
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .filter(|v| *v > 0)
+        };
+        let test = TestSwitches {
+            node_lost_ms: positive("CALLFENCE_TEST_NODE_LOST_MS"),
+            max_duration_ms: positive("CALLFENCE_TEST_MAX_DURATION_MS"),
+            sweep_ms: positive("CALLFENCE_TEST_SWEEP_MS"),
+            fail_unit_after_writes: var("CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES")
+                .and_then(|v| v.trim().parse::<u32>().ok()),
+        };
+
         Config {
             ingress,
             node_routes,
             admin,
             published_keys,
+            test,
+        }
+    }
+
+    /// The Dispatcher engine's configuration, from the values parsed above
+    /// (a capability that is misconfigured contributes the defaults: its
+    /// routes are refused anyway).
+    pub fn engine(&self) -> EngineConfig {
+        let ingress = self.ingress.as_ref().ok();
+        let defaults = Timing::default();
+        let test = &self.test;
+        EngineConfig {
+            forward_timeout_ms: i64::from(
+                ingress.map_or(DEFAULT_FORWARD_TIMEOUT_MS, |i| i.forward_timeout_ms),
+            ),
+            connection_ids: ingress
+                .and_then(|i| i.connection_ids.as_ref())
+                .map(|ids| ids.iter().cloned().collect()),
+            allow_plaintext: self.admin.as_ref().is_ok_and(|a| a.allow_plaintext),
+            timing: Timing {
+                node_lost_after_ms: test.node_lost_ms.unwrap_or(defaults.node_lost_after_ms),
+                max_duration_ms: test.max_duration_ms.unwrap_or(defaults.max_duration_ms),
+                sweep_interval_ms: test.sweep_ms.unwrap_or(defaults.sweep_interval_ms),
+                ..defaults
+            },
         }
     }
 

@@ -2,7 +2,7 @@
 //! (admin details, SPEC §13) and `GET /v1/keys` (the edge's public keys).
 
 use crate::config::{Capability, Config, PublishedKey};
-use crate::protocol::{self, Op, Reply};
+use crate::protocol::{self, Documents, Reply, Request};
 use serde_json::{json, Value};
 use worker::Env;
 
@@ -26,9 +26,9 @@ pub fn keys(published: &[PublishedKey]) -> Value {
 /// What the Dispatcher said to a `ping`: the `documents` it reported, or
 /// `None` when it could not be asked.
 pub async fn ping(env: &Env) -> Option<Value> {
-    match protocol::call(env, Op::Ping, serde_json::Map::new()).await {
-        Ok(Reply::Done(mut reply)) => Some(reply.remove("documents").unwrap_or(Value::Null)),
-        Ok(Reply::Refused { .. }) | Err(_) => None,
+    match protocol::call::<Documents>(env, &Request::Ping, b"").await {
+        Ok(Reply::Done(reply)) => Some(json!(reply.documents)),
+        Ok(Reply::Refused(_)) | Err(_) => None,
     }
 }
 

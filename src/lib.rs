@@ -24,7 +24,8 @@
 //! - [`clock`]: the edge's clock.
 //!
 //! Dispatcher:
-//! - [`protocol`]: the versioned Worker ↔ Dispatcher messages.
+//! - [`protocol`]: the typed, versioned Worker ↔ Dispatcher messages.
+//! - [`refusal`]: every business refusal and its HTTP status, in one place.
 //! - [`dispatcher`]: the Durable Object and its SQLite [`Store`](callfence_core::store::Store).
 //!
 //! # Request pipeline
@@ -50,6 +51,7 @@ pub mod node_keys;
 pub mod node_routes;
 pub mod panel;
 pub mod protocol;
+pub mod refusal;
 pub mod reply;
 pub mod routes;
 
@@ -170,7 +172,8 @@ pub async fn serve(
                     log.number(field, number);
                 }
             }
-            ingress::handle(env, ctx, ingress, body, ingress::carried_headers(&req), log).await?
+            let headers = ingress::carried_headers(&req);
+            ingress::handle(env, ctx, ingress, envelope, body, headers, log).await?
         }
     };
     if answer.status >= 400 {

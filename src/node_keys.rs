@@ -18,12 +18,11 @@
 //! acts on a node request.
 
 use crate::clock::now_ms;
-use crate::protocol::{self, Op, Reply};
+use crate::protocol::{self, Reply};
 use crate::reply::ApiError;
 use callfence_core::encoding::b64_decode;
 use callfence_core::node_auth::{self, NodeAuthError, NodeHeaders};
 use ed25519_dalek::VerifyingKey;
-use serde::Deserialize;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -42,22 +41,12 @@ pub struct NodeKeys {
     keys: BTreeMap<String, BTreeMap<String, VerifyingKey>>,
 }
 
-/// One entry of the `node_keys` answer.
-#[derive(Deserialize)]
-struct WireKey {
-    node: String,
-    kid: String,
-    public_key: String,
-}
-
 impl NodeKeys {
     /// Reads a `node_keys` answer. Entries that do not decode to a valid
     /// Ed25519 key are left out (the node cannot sign with them).
-    pub fn from_reply(reply: &serde_json::Map<String, serde_json::Value>) -> Option<NodeKeys> {
-        let revision = reply.get("revision")?.as_u64()?;
-        let wire: Vec<WireKey> = serde_json::from_value(reply.get("keys")?.clone()).ok()?;
+    pub fn from_reply(reply: protocol::NodeKeys) -> NodeKeys {
         let mut keys: BTreeMap<String, BTreeMap<String, VerifyingKey>> = BTreeMap::new();
-        for entry in wire {
+        for entry in reply.keys {
             let key = b64_decode(&entry.public_key)
                 .and_then(|bytes| <[u8; 32]>::try_from(bytes.as_slice()).ok())
                 .and_then(|raw| VerifyingKey::from_bytes(&raw).ok());
@@ -65,7 +54,10 @@ impl NodeKeys {
                 keys.entry(entry.node).or_default().insert(entry.kid, key);
             }
         }
-        Some(NodeKeys { revision, keys })
+        NodeKeys {
+            revision: reply.revision,
+            keys,
+        }
     }
 
     /// The key `kid` of `node`, if registered.
@@ -205,9 +197,9 @@ fn current(now: i64) -> (Option<(i64, Rc<NodeKeys>)>, i64) {
 /// Fetches the keys from the Dispatcher and replaces the copy.
 async fn refresh(env: &Env, now: i64) -> Result<Rc<NodeKeys>, ApiError> {
     CACHE.with(|cache| cache.borrow_mut().last_attempt_ms = Some(now));
-    let keys = match protocol::call(env, Op::NodeKeys, serde_json::Map::new()).await {
-        Ok(Reply::Done(reply)) => NodeKeys::from_reply(&reply),
-        Ok(Reply::Refused { .. }) | Err(_) => None,
+    let keys = match protocol::call(env, &protocol::Request::NodeKeys, b"").await {
+        Ok(Reply::Done(reply)) => Some(NodeKeys::from_reply(reply)),
+        Ok(Reply::Refused(_)) | Err(_) => None,
     }
     .map(Rc::new)
     .ok_or_else(ApiError::dispatcher_unavailable)?;
@@ -230,7 +222,7 @@ mod tests {
             {"node": "M1", "kid": "short", "public_key": "AAAA"},
             {"node": "M3", "kid": "k1", "public_key": good, "future": 1}
         ]});
-        let keys = NodeKeys::from_reply(reply.as_object().unwrap()).unwrap();
+        let keys = NodeKeys::from_reply(serde_json::from_value(reply).unwrap());
         assert_eq!(keys.revision, 3);
         assert!(keys.key("M1", "k1").is_some());
         assert!(keys.key("M3", "k1").is_some());
@@ -241,13 +233,14 @@ mod tests {
     #[test]
     fn a_malformed_answer_is_not_a_lookup() {
         for reply in [
-            json!({}),
-            json!({"revision": 1}),
-            json!({"revision": -1, "keys": []}),
-            json!({"revision": 1, "keys": [{"node": "M1"}]}),
+            json!({"v": 2, "ok": true}),
+            json!({"v": 2, "ok": true, "revision": 1}),
+            json!({"v": 2, "ok": true, "revision": -1, "keys": []}),
+            json!({"v": 2, "ok": true, "revision": 1, "keys": [{"node": "M1"}]}),
         ] {
+            let body = reply.to_string();
             assert!(
-                NodeKeys::from_reply(reply.as_object().unwrap()).is_none(),
+                protocol::decode_reply::<protocol::NodeKeys>(200, body.as_bytes()).is_err(),
                 "{reply}"
             );
         }

@@ -1,10 +1,10 @@
 //! Node-signed routes after the signature check: heartbeat, fence, claims
-//! and media checks go to the Dispatcher as they are (SPEC §6, §8).
+//! and media checks go to the Dispatcher with their body as the payload
+//! (SPEC §6, §8).
 
-use crate::protocol::{self, Op};
+use crate::protocol::{self, Request};
 use crate::reply::{relay, Answer, ApiError};
 use crate::routes::Route;
-use serde_json::{Map, Value};
 use worker::Env;
 
 /// Relays a verified node request. `kid` is its `Callfence-Key-Id` (the
@@ -18,18 +18,17 @@ pub async fn handle(
     signed_at_s: i64,
     body: Vec<u8>,
 ) -> Result<Answer, ApiError> {
-    let op = match route {
-        Route::Heartbeat => Op::Heartbeat,
-        Route::Fence => Op::Fence,
-        Route::Claims => Op::Claim,
-        Route::MediaVerify => Op::MediaVerify,
+    let (node, kid) = (node.to_owned(), kid.to_owned());
+    let request = match route {
+        Route::Heartbeat => Request::Heartbeat {
+            node,
+            kid,
+            signed_at_s,
+        },
+        Route::Fence => Request::Fence { node, kid },
+        Route::Claims => Request::Claim { node, kid },
+        Route::MediaVerify => Request::MediaVerify { node, kid },
         _ => return Err(ApiError::not_found()),
     };
-    let text = String::from_utf8(body).map_err(|_| ApiError::new(400, "bad_request"))?;
-    let mut args = Map::new();
-    args.insert("node".into(), Value::from(node));
-    args.insert("kid".into(), Value::from(kid));
-    args.insert("signed_at_s".into(), Value::from(signed_at_s));
-    args.insert("body".into(), Value::String(text));
-    relay(protocol::call(env, op, args).await)
+    relay(protocol::call(env, &request, &body).await)
 }

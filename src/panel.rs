@@ -2,10 +2,11 @@
 //! routing preview and the read-only views (SPEC §4, §9, §13).
 
 use crate::auth::Caller;
-use crate::protocol::{self, Op, Reply};
+use crate::protocol::{self, DocumentRead, Reply, Request as ProtocolRequest, Written};
 use crate::reply::{relay, Answer, ApiError};
 use crate::routes::Route;
-use serde_json::{Map, Value};
+use callfence_core::document::DocKind;
+use serde_json::json;
 use worker::{Env, Request};
 
 fn query(req: &Request, name: &str) -> Option<String> {
@@ -27,8 +28,8 @@ fn number(req: &Request, name: &str) -> Result<Option<u64>, ApiError> {
     }
 }
 
-fn etag(revision: &Value) -> String {
-    format!("\"{}\"", revision.as_u64().unwrap_or(0))
+fn etag(revision: u64) -> String {
+    format!("\"{revision}\"")
 }
 
 /// Serves a bearer route other than `/v1/health`.
@@ -39,62 +40,48 @@ pub async fn handle(
     caller: &Caller,
     body: Vec<u8>,
 ) -> Result<Answer, ApiError> {
-    let mut args = Map::new();
-    let text = || String::from_utf8(body.clone()).map_err(|_| ApiError::new(400, "bad_request"));
-    let op = match route {
+    let request = match route {
         Route::GetPolicy | Route::GetNodes => {
-            args.insert("kind".into(), kind(route).into());
-            if let Some(revision) = number(req, "revision")? {
-                args.insert("revision".into(), revision.into());
-            }
-            Op::GetDocument
+            let request = ProtocolRequest::GetDocument {
+                kind: kind(route),
+                revision: number(req, "revision")?,
+            };
+            return match protocol::call::<DocumentRead>(env, &request, b"").await {
+                Ok(Reply::Done(read)) => {
+                    Ok(Answer::ok(read.document).header("ETag", etag(read.revision)))
+                }
+                Ok(Reply::Refused(refused)) => Ok(Answer::refused(refused)),
+                Err(_) => Err(ApiError::dispatcher_unavailable()),
+            };
         }
         Route::PutPolicy | Route::PutNodes => {
-            args.insert("kind".into(), kind(route).into());
-            args.insert("body".into(), text()?.into());
-            args.insert("writer_fp".into(), caller.fingerprint.clone().into());
-            if let Some(if_match) = req.headers().get("If-Match").ok().flatten() {
-                args.insert("if_match".into(), if_match.into());
-            }
-            Op::PutDocument
+            let request = ProtocolRequest::PutDocument {
+                kind: kind(route),
+                if_match: req.headers().get("If-Match").ok().flatten(),
+                writer_fp: caller.fingerprint.clone(),
+            };
+            return match protocol::call::<Written>(env, &request, &body).await {
+                Ok(Reply::Done(written)) => Ok(Answer::ok(json!({"revision": written.revision}))
+                    .header("ETag", etag(written.revision))),
+                Ok(Reply::Refused(refused)) => Ok(Answer::refused(refused)),
+                Err(_) => Err(ApiError::dispatcher_unavailable()),
+            };
         }
-        Route::Preview => {
-            args.insert("body".into(), text()?.into());
-            Op::Preview
-        }
-        Route::Status => Op::Status,
-        Route::Decisions => {
-            if let Some(limit) = number(req, "limit")? {
-                args.insert("limit".into(), limit.into());
-            }
-            if let Some(id) = query(req, "call_session_id").filter(|id| id.len() <= 256) {
-                args.insert("call_session_id".into(), id.into());
-            }
-            Op::Decisions
-        }
-        Route::Call(id) => {
-            args.insert("id".into(), id.clone().into());
-            Op::Call
-        }
+        Route::Preview => ProtocolRequest::Preview,
+        Route::Status => ProtocolRequest::Status,
+        Route::Decisions => ProtocolRequest::Decisions {
+            limit: number(req, "limit")?.map(|l| l.min(u64::from(u32::MAX)) as u32),
+            call_session_id: query(req, "call_session_id").filter(|id| id.len() <= 256),
+        },
+        Route::Call(id) => ProtocolRequest::Call { id: id.clone() },
         _ => return Err(ApiError::not_found()),
     };
-    let reply = protocol::call(env, op, args).await;
-    match (op, reply) {
-        (Op::GetDocument, Ok(Reply::Done(mut result))) => {
-            let tag = etag(result.get("revision").unwrap_or(&Value::Null));
-            Ok(Answer::ok(result.remove("document").unwrap_or(Value::Null)).header("ETag", tag))
-        }
-        (Op::PutDocument, Ok(Reply::Done(result))) => {
-            let tag = etag(result.get("revision").unwrap_or(&Value::Null));
-            Ok(Answer::ok(Value::Object(result)).header("ETag", tag))
-        }
-        (_, reply) => relay(reply),
-    }
+    relay(protocol::call(env, &request, &body).await)
 }
 
-fn kind(route: &Route) -> &'static str {
+fn kind(route: &Route) -> DocKind {
     match route {
-        Route::GetNodes | Route::PutNodes => "nodes",
-        _ => "policy",
+        Route::GetNodes | Route::PutNodes => DocKind::Nodes,
+        _ => DocKind::Policy,
     }
 }

@@ -1,60 +1,79 @@
-//! The Worker ↔ Dispatcher protocol: versioned JSON messages over the
+//! The Worker ↔ Dispatcher protocol: typed, versioned messages over the
 //! Durable Object's `fetch`.
 //!
-//! # Wire format
+//! # Wire format (version 2)
 //!
-//! The Worker sends `POST https://dispatcher/<op>` with the body
-//! `{"v":1,"op":"<op>", ...arguments}`. The Dispatcher answers HTTP 200 with
-//! one of:
-//! - `{"v":1,"ok":true, ...result}`: the operation ran;
-//! - `{"v":1,"ok":false,"status":<4xx|5xx>,"error":"<code>", ...}`: a business
-//!   refusal (for example 409 `stale_seq`), which the Worker relays with
-//!   that status and body (minus `v`, `ok` and `status`).
+//! The Worker sends `POST https://dispatcher/<op>` whose body is one line of
+//! JSON, the [`Request`] tagged by `op` plus `"v":2`, then `\n`, then the
+//! request's payload as raw bytes (the webhook body, a node request's body,
+//! a document): the payload travels once, never as a JSON string inside
+//! JSON. Compact JSON has no raw newline, so the first `\n` ends the head.
+//!
+//! The Dispatcher answers HTTP 200 with one of:
+//! - `{"v":2,"ok":true, ...result}`: the operation ran (the result types
+//!   below, or a view relayed verbatim);
+//! - `{"v":2,"ok":false,"status":<4xx|5xx>,"error":"<code>","retry_after":S?, ...}`:
+//!   a business refusal, which the Worker relays with that status and body
+//!   (minus `v`, `ok`, `status` and `retry_after`, which becomes the
+//!   `Retry-After` header).
 //!
 //! A message it cannot take (unknown op, a version it does not speak,
-//! malformed JSON) gets HTTP 400 `{"v":1,"ok":false,"error":...}`.
+//! malformed JSON, a missing field) gets HTTP 400 `{"v":2,"ok":false,"error":...}`.
 //!
 //! # Versions and tolerance
 //!
 //! Each side speaks [`VERSION`] and accepts [`VERSION`] ± 1 (see
 //! [`accepts`]), and ignores fields it does not know, so a Worker and a
-//! Dispatcher one release apart (a rolling deploy, a rollback) keep talking.
+//! Dispatcher one release apart (a rolling deploy, a rollback) keep talking:
+//! - this Dispatcher also reads version 1 messages, which carried the
+//!   payload as a `body` string inside the JSON and no parsed envelope;
+//! - this Worker, when a Dispatcher answers HTTP 400 `bad_message` or
+//!   `unsupported_version` to a version 2 message (a version 1 Dispatcher
+//!   cannot read the framing), sends the same request again as version 1;
+//! - replies have the same shape in both versions.
 //!
 //! # Unavailable
 //!
 //! The Worker treats anything else as the Dispatcher being unavailable
 //! (503 `dispatcher_unavailable`, nothing forwarded): the stub throwing, a
 //! runtime's plain-text 5xx, a status other than 200, a body that is not
-//! such an object, a version it does not accept, or no full answer within
-//! [`DEADLINE_MS`]. A Dispatcher that hangs therefore still gets the caller
-//! an explicit 503 before Telnyx's own 2 s webhook timeout; whatever the
-//! Dispatcher decided meanwhile is safe to leave, because an assignment
-//! nobody forwarded is an attempt whose lease lapses and is re-driven.
+//! such an object, a version it does not accept, a result of the wrong
+//! shape, or no full answer within [`DEADLINE_MS`]. A Dispatcher that hangs
+//! therefore still gets the caller an explicit 503 before Telnyx's own 2 s
+//! webhook timeout; whatever the Dispatcher decided meanwhile is safe to
+//! leave, because an assignment nobody forwarded is an attempt whose lease
+//! lapses and is re-driven.
 //!
 //! # Operations
 //!
-//! | op | arguments | result |
+//! | [`Request`] | payload | result |
 //! |---|---|---|
-//! | `ping` | none | `{"documents":{"policy":bool,"nodes":bool}}` |
-//! | `node_keys` | none | `{"revision":N,"keys":[{"node","kid","public_key"}]}` (revision 0: no registry) |
-//! | `webhook` | `body`, `headers` | `{"forward":Forward}` or `{"answer":{..}}` (200) |
-//! | `report` | `report` | as `webhook` (a reassigned call's next forward) |
-//! | `heartbeat` | `node`, `signed_at_s`, `body` | the heartbeat answer (§6) |
-//! | `fence`, `claim`, `media_verify` | `node`, `body` | the §8 / §13 answers |
-//! | `get_document` | `kind`, `revision`? | `{"revision":N,"document":{..}}` |
-//! | `put_document` | `kind`, `body`, `if_match`?, `writer_fp` | `{"revision":N}` |
-//! | `preview` | `body` | the §13 preview |
-//! | `status`, `decisions` (`limit`?, `call_session_id`?), `call` (`id`) | | the §13 views |
+//! | `Ping` | none | [`Documents`] |
+//! | `NodeKeys` | none | [`NodeKeys`] |
+//! | `Webhook` (`envelope`, `headers`) | the raw webhook body | [`Next`] |
+//! | `Report` (`report`) | none | [`Next`] (a reassigned call's next forward) |
+//! | `Heartbeat` (`node`, `kid`, `signed_at_s`) | the beat | the heartbeat answer (§6), relayed |
+//! | `Fence`, `Claim`, `MediaVerify` (`node`, `kid`) | the request body | the §8 / §13 answers, relayed |
+//! | `GetDocument` (`kind`, `revision`?) | none | [`DocumentRead`] |
+//! | `PutDocument` (`kind`, `if_match`?, `writer_fp`) | the document | [`Written`] |
+//! | `Preview` | the request body | the §13 preview, relayed |
+//! | `Status`, `Decisions` (`limit`?, `call_session_id`?), `Call` (`id`) | none | the §13 views, relayed |
+//! | `Profile` | none | the Dispatcher's time per operation (`dispatcher::profile`; `make bench` only) |
 //!
 //! Refusals carry the HTTP status and the contract's error code; the
-//! mapping from engine outcomes to them lives in one place,
-//! `dispatcher::ops`.
+//! mapping from engine outcomes to them is one exhaustive `match`,
+//! `dispatcher::ops::Refusal`.
 
+use callfence_core::document::DocKind;
+use callfence_core::engine::{Forward, NodeKey, Report};
+use callfence_core::telnyx::Envelope;
 use futures_util::future::{select, Either};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// The protocol version this build speaks.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 
 /// The Durable Object instance every Worker talks to.
 pub const INSTANCE: &str = "global";
@@ -70,88 +89,154 @@ pub fn accepts(version: u64) -> bool {
     version >= 1 && version.abs_diff(VERSION) <= 1
 }
 
-/// One Dispatcher operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
+/// One Dispatcher operation and its arguments (the payload travels beside
+/// it, see the module doc).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
     /// Liveness and protocol check; reports which documents exist.
     Ping,
     /// Every key of every registered node, for the Worker's signature cache.
     NodeKeys,
-    /// A verified carrier webhook.
-    Webhook,
+    /// A verified carrier webhook; the payload is its raw body.
+    Webhook {
+        /// The envelope the Worker parsed (absent only from a version 1
+        /// Worker, in which case the Dispatcher parses the body).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        envelope: Option<Envelope>,
+        /// The Telnyx headers to store and carry.
+        headers: Vec<(String, String)>,
+        /// When the Worker sent it, by its clock (for shedding under
+        /// overload, [`callfence_core::admission`]; absent from version 1).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sent_at_ms: Option<i64>,
+    },
     /// The outcome of a forward.
-    Report,
+    Report {
+        /// The attempt's outcome.
+        report: Report,
+    },
     /// A node's heartbeat (signature verified by the Worker).
-    Heartbeat,
+    Heartbeat {
+        /// `Callfence-Node`.
+        node: String,
+        /// `Callfence-Key-Id`.
+        kid: String,
+        /// `Callfence-Timestamp`.
+        signed_at_s: i64,
+    },
     /// A node asks for the answer fence.
-    Fence,
+    Fence {
+        /// `Callfence-Node`.
+        node: String,
+        /// `Callfence-Key-Id`.
+        kid: String,
+    },
     /// A node claims a session it dialled.
-    Claim,
+    Claim {
+        /// `Callfence-Node`.
+        node: String,
+        /// `Callfence-Key-Id`.
+        kid: String,
+    },
     /// A node checks a media token.
-    MediaVerify,
+    MediaVerify {
+        /// `Callfence-Node`.
+        node: String,
+        /// `Callfence-Key-Id`.
+        kid: String,
+    },
     /// Read a document.
-    GetDocument,
-    /// Write a document (compare-and-set).
-    PutDocument,
-    /// Routing preview.
+    GetDocument {
+        /// Which one.
+        kind: DocKind,
+        /// One of the kept revisions; the current one when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        revision: Option<u64>,
+    },
+    /// Write a document (compare-and-set); the payload is the document.
+    PutDocument {
+        /// Which one.
+        kind: DocKind,
+        /// The `If-Match` header as sent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        if_match: Option<String>,
+        /// The fingerprint of the writer's token.
+        writer_fp: String,
+    },
+    /// Routing preview; the payload is `{"to","from"}`.
     Preview,
     /// The status view.
     Status,
     /// The decision list.
-    Decisions,
+    Decisions {
+        /// At most this many (clamped by the engine).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+        /// Only this call's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_session_id: Option<String>,
+    },
     /// One call's record.
-    Call,
+    Call {
+        /// The call session id.
+        id: String,
+    },
+    /// Where the Dispatcher's time went, per operation (for `make bench`;
+    /// no public route serves it).
+    Profile,
 }
 
-impl Op {
-    /// Every operation.
-    pub const ALL: [Op; 14] = [
-        Op::Ping,
-        Op::NodeKeys,
-        Op::Webhook,
-        Op::Report,
-        Op::Heartbeat,
-        Op::Fence,
-        Op::Claim,
-        Op::MediaVerify,
-        Op::GetDocument,
-        Op::PutDocument,
-        Op::Preview,
-        Op::Status,
-        Op::Decisions,
-        Op::Call,
-    ];
-
-    /// The name on the wire (also the URL path).
-    pub fn as_str(self) -> &'static str {
+impl Request {
+    /// The operation's name on the wire (also the URL path).
+    pub fn op(&self) -> &'static str {
         match self {
-            Op::Ping => "ping",
-            Op::NodeKeys => "node_keys",
-            Op::Webhook => "webhook",
-            Op::Report => "report",
-            Op::Heartbeat => "heartbeat",
-            Op::Fence => "fence",
-            Op::Claim => "claim",
-            Op::MediaVerify => "media_verify",
-            Op::GetDocument => "get_document",
-            Op::PutDocument => "put_document",
-            Op::Preview => "preview",
-            Op::Status => "status",
-            Op::Decisions => "decisions",
-            Op::Call => "call",
+            Request::Ping => "ping",
+            Request::NodeKeys => "node_keys",
+            Request::Webhook { .. } => "webhook",
+            Request::Report { .. } => "report",
+            Request::Heartbeat { .. } => "heartbeat",
+            Request::Fence { .. } => "fence",
+            Request::Claim { .. } => "claim",
+            Request::MediaVerify { .. } => "media_verify",
+            Request::GetDocument { .. } => "get_document",
+            Request::PutDocument { .. } => "put_document",
+            Request::Preview => "preview",
+            Request::Status => "status",
+            Request::Decisions { .. } => "decisions",
+            Request::Call { .. } => "call",
+            Request::Profile => "profile",
         }
     }
 
-    /// The operation named `name`, if this build knows it.
-    pub fn parse(name: &str) -> Option<Op> {
-        Op::ALL.into_iter().find(|op| op.as_str() == name)
+    /// True for the operations that may change stored state (after which
+    /// the Dispatcher asks the engine when its alarm is next due).
+    pub fn changes_state(&self) -> bool {
+        match self {
+            Request::Webhook { .. }
+            | Request::Report { .. }
+            | Request::Heartbeat { .. }
+            | Request::Fence { .. }
+            | Request::Claim { .. }
+            | Request::PutDocument { .. } => true,
+            Request::Ping
+            | Request::NodeKeys
+            | Request::MediaVerify { .. }
+            | Request::GetDocument { .. }
+            | Request::Preview
+            | Request::Status
+            | Request::Decisions { .. }
+            | Request::Call { .. }
+            | Request::Profile => false,
+        }
     }
 }
 
 /// Why a message was not taken (the Dispatcher's side).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MessageError {
-    /// Not a JSON object with a numeric `v` and a string `op`.
+    /// Not a head of JSON with a numeric `v` and a known `op` and its
+    /// fields.
     Malformed,
     /// A version this build does not accept.
     UnsupportedVersion,
@@ -170,145 +255,373 @@ impl MessageError {
     }
 }
 
-/// The Dispatcher did not give a well-formed answer of its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unavailable(pub String);
-
-/// A well-formed answer from the Dispatcher.
+/// A decoded request: the operation and its payload.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Reply {
-    /// The operation ran; its result fields.
-    Done(Map<String, Value>),
-    /// A business refusal: the status and the body to relay.
-    Refused {
-        /// 4xx or 5xx.
-        status: u16,
-        /// `{"error": code, ...}`.
-        body: Map<String, Value>,
-    },
+pub struct Message {
+    /// The version it was sent in.
+    pub version: u64,
+    /// The operation.
+    pub request: Request,
+    /// The raw payload (empty for operations without one).
+    pub payload: Vec<u8>,
 }
 
-/// The request body for `op` with `args`.
-pub fn encode_request(op: Op, args: Map<String, Value>) -> String {
-    let mut message = args;
-    message.insert("v".into(), Value::from(VERSION));
-    message.insert("op".into(), Value::from(op.as_str()));
-    Value::Object(message).to_string()
+#[derive(Serialize)]
+struct HeadOut<'a> {
+    v: u64,
+    #[serde(flatten)]
+    request: &'a Request,
 }
 
-/// Reads a request on the Dispatcher's side: the op (which must agree with
-/// the URL's last path segment) and the arguments (everything but `v` and
-/// `op`, unknown fields included).
-pub fn decode_request(url_op: &str, body: &[u8]) -> Result<(Op, Map<String, Value>), MessageError> {
-    let Ok(Value::Object(mut message)) = serde_json::from_slice::<Value>(body) else {
-        return Err(MessageError::Malformed);
+#[derive(Deserialize)]
+struct HeadIn {
+    v: Option<u64>,
+    op: Option<String>,
+    /// Version 1 only: the payload inside the JSON.
+    #[serde(default)]
+    body: Option<String>,
+}
+
+/// The version 2 body for `request` and its `payload`.
+pub fn encode_request(request: &Request, payload: &[u8]) -> Vec<u8> {
+    let mut out = serde_json::to_vec(&HeadOut {
+        v: VERSION,
+        request,
+    })
+    .unwrap_or_default();
+    out.push(b'\n');
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The version 1 body for the same request (the payload as a `body`
+/// string), for a Dispatcher one release behind. `None` when the payload is
+/// not UTF-8, which version 1 could not carry.
+pub fn encode_request_v1(request: &Request, payload: &[u8]) -> Option<Vec<u8>> {
+    let Ok(Value::Object(mut message)) = serde_json::to_value(request) else {
+        return None;
     };
-    let version = message
-        .remove("v")
-        .and_then(|v| v.as_u64())
-        .ok_or(MessageError::Malformed)?;
-    let name = match message.remove("op") {
-        Some(Value::String(name)) => name,
-        _ => return Err(MessageError::Malformed),
+    message.remove("envelope");
+    message.insert("v".into(), Value::from(1u64));
+    if !payload.is_empty() {
+        let text = std::str::from_utf8(payload).ok()?;
+        message.insert("body".into(), Value::from(text));
+    }
+    serde_json::to_vec(&Value::Object(message)).ok()
+}
+
+/// Reads a request on the Dispatcher's side. The op must agree with the
+/// URL's last path segment.
+pub fn decode_request(url_op: &str, bytes: &[u8]) -> Result<Message, MessageError> {
+    let (head, framed) = match bytes.iter().position(|&b| b == b'\n') {
+        Some(at) => (&bytes[..at], Some(&bytes[at + 1..])),
+        None => (bytes, None),
+    };
+    let meta: HeadIn = serde_json::from_slice(head).map_err(|_| MessageError::Malformed)?;
+    let (Some(version), Some(op)) = (meta.v, meta.op) else {
+        return Err(MessageError::Malformed);
     };
     if !accepts(version) {
         return Err(MessageError::UnsupportedVersion);
     }
-    let op = Op::parse(&name)
-        .filter(|_| name == url_op)
-        .ok_or(MessageError::UnknownOp)?;
-    Ok((op, message))
+    let request: Request = serde_json::from_slice(head).map_err(|e| {
+        if e.to_string().starts_with("unknown variant") {
+            MessageError::UnknownOp
+        } else {
+            MessageError::Malformed
+        }
+    })?;
+    if request.op() != op || op != url_op {
+        return Err(MessageError::UnknownOp);
+    }
+    let payload = match (version, framed) {
+        (1, None) => meta.body.map(String::into_bytes).unwrap_or_default(),
+        (1, Some(_)) => return Err(MessageError::Malformed),
+        (_, Some(payload)) => payload.to_vec(),
+        (_, None) => return Err(MessageError::Malformed),
+    };
+    Ok(Message {
+        version,
+        request,
+        payload,
+    })
 }
 
-/// The Dispatcher's answer body for an operation's result.
-pub fn encode_done(result: Map<String, Value>) -> String {
-    envelope(true, result)
+/// `Ping`'s result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Documents {
+    /// Which documents exist.
+    pub documents: Present,
 }
 
-/// The Dispatcher's answer body for a business refusal.
-pub fn encode_refused(status: u16, code: &str, mut fields: Map<String, Value>) -> String {
-    fields.insert("status".into(), Value::from(status));
-    fields.insert("error".into(), Value::from(code));
-    envelope(false, fields)
+/// Which documents were ever written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Present {
+    /// The routing policy.
+    pub policy: bool,
+    /// The node registry.
+    pub nodes: bool,
+}
+
+/// `NodeKeys`'s result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeKeys {
+    /// The registry revision (0: no registry).
+    pub revision: u64,
+    /// Every key of every node.
+    pub keys: Vec<NodeKey>,
+}
+
+/// `GetDocument`'s result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DocumentRead {
+    /// The revision served.
+    pub revision: u64,
+    /// The document, `revision` filled in.
+    pub document: Value,
+}
+
+/// `PutDocument`'s result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Written {
+    /// The new revision.
+    pub revision: u64,
+}
+
+/// A webhook's or a report's way forward.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Send this to its owner now, then report.
+    Forward(Box<Forward>),
+    /// Answer the carrier 200 with this body.
+    Answer(Value),
+}
+
+/// [`Next`] on the wire: exactly one of the two fields.
+#[derive(Serialize, Deserialize)]
+struct NextWire {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    forward: Option<Box<Forward>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    answer: Option<Value>,
+}
+
+impl Serialize for Next {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Next::Forward(f) => NextWire {
+                forward: Some(f.clone()),
+                answer: None,
+            },
+            Next::Answer(a) => NextWire {
+                forward: None,
+                answer: Some(a.clone()),
+            },
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Next {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NextWire::deserialize(d)? {
+            NextWire {
+                forward: Some(f),
+                answer: None,
+            } => Ok(Next::Forward(f)),
+            NextWire {
+                forward: None,
+                answer: Some(a),
+            } => Ok(Next::Answer(a)),
+            _ => Err(serde::de::Error::custom(
+                "exactly one of forward and answer",
+            )),
+        }
+    }
+}
+
+/// A view relayed to the caller as the Dispatcher wrote it.
+pub type View = Map<String, Value>;
+
+/// The Dispatcher did not give a well-formed answer of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+/// A business refusal, as the Worker relays it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    /// 4xx or 5xx.
+    pub status: u16,
+    /// `Retry-After` in seconds, when the Dispatcher asks for one.
+    pub retry_after_s: Option<u32>,
+    /// `{"error": code, ...}`.
+    pub body: Map<String, Value>,
+}
+
+/// A well-formed answer from the Dispatcher.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply<T> {
+    /// The operation ran.
+    Done(T),
+    /// A business refusal.
+    Refused(Refused),
+}
+
+/// The Dispatcher's answer body for an operation's result (any value that
+/// serialises to a JSON object).
+pub fn encode_done(result: &impl Serialize) -> String {
+    let body = serde_json::to_string(result).unwrap_or_default();
+    let fields = body
+        .strip_prefix('{')
+        .and_then(|rest| rest.strip_suffix('}'))
+        .unwrap_or_default();
+    if fields.is_empty() {
+        format!("{{\"v\":{VERSION},\"ok\":true}}")
+    } else {
+        format!("{{\"v\":{VERSION},\"ok\":true,{fields}}}")
+    }
+}
+
+/// The Dispatcher's answer body for a business refusal: its status, code,
+/// `Retry-After` and further fields (a JSON object or null).
+pub fn encode_refused(
+    status: u16,
+    code: &str,
+    retry_after_s: Option<u32>,
+    fields: Value,
+) -> String {
+    let mut body = match fields {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    };
+    body.insert("v".into(), Value::from(VERSION));
+    body.insert("ok".into(), Value::from(false));
+    body.insert("status".into(), Value::from(status));
+    body.insert("error".into(), Value::from(code));
+    if let Some(seconds) = retry_after_s {
+        body.insert("retry_after".into(), Value::from(seconds));
+    }
+    Value::Object(body).to_string()
 }
 
 /// The Dispatcher's answer body (sent with HTTP 400) for a message it cannot take.
 pub fn encode_rejected(error: MessageError) -> String {
-    let mut fields = Map::new();
-    fields.insert("error".into(), Value::from(error.code()));
-    envelope(false, fields)
+    format!(
+        "{{\"v\":{VERSION},\"ok\":false,\"error\":\"{}\"}}",
+        error.code()
+    )
 }
 
-fn envelope(ok: bool, mut fields: Map<String, Value>) -> String {
-    fields.insert("v".into(), Value::from(VERSION));
-    fields.insert("ok".into(), Value::from(ok));
-    Value::Object(fields).to_string()
+#[derive(Deserialize)]
+struct ReplyHead {
+    v: u64,
+    ok: bool,
 }
 
 /// Reads the Dispatcher's answer on the Worker's side.
-pub fn decode_reply(http_status: u16, body: &[u8]) -> Result<Reply, Unavailable> {
+pub fn decode_reply<T: DeserializeOwned>(
+    http_status: u16,
+    body: &[u8],
+) -> Result<Reply<T>, Unavailable> {
     let unavailable = |why: &str| Unavailable(why.to_owned());
     if http_status != 200 {
         return Err(Unavailable(format!("HTTP {http_status}")));
     }
-    let Ok(Value::Object(mut reply)) = serde_json::from_slice::<Value>(body) else {
+    let head: ReplyHead =
+        serde_json::from_slice(body).map_err(|_| unavailable("no versioned reply"))?;
+    if !accepts(head.v) {
+        return Err(unavailable("no version it accepts"));
+    }
+    if head.ok {
+        return serde_json::from_slice(body)
+            .map(Reply::Done)
+            .map_err(|e| Unavailable(format!("result of the wrong shape: {e}")));
+    }
+    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(body) else {
         return Err(unavailable("not a JSON object"));
     };
-    match reply.remove("v").and_then(|v| v.as_u64()) {
-        Some(version) if accepts(version) => {}
-        _ => return Err(unavailable("no version it accepts")),
+    fields.remove("v");
+    fields.remove("ok");
+    let status = fields
+        .remove("status")
+        .and_then(|s| s.as_u64())
+        .filter(|s| (400..=599).contains(s))
+        .ok_or_else(|| unavailable("refusal without a status"))?;
+    let retry_after_s = fields
+        .remove("retry_after")
+        .and_then(|s| s.as_u64())
+        .map(|s| s.min(3_600) as u32);
+    if !matches!(fields.get("error"), Some(Value::String(_))) {
+        return Err(unavailable("refusal without an error code"));
     }
-    match reply.remove("ok") {
-        Some(Value::Bool(true)) => Ok(Reply::Done(reply)),
-        Some(Value::Bool(false)) => {
-            let status = reply
-                .remove("status")
-                .and_then(|s| s.as_u64())
-                .filter(|s| (400..=599).contains(s))
-                .ok_or_else(|| unavailable("refusal without a status"))?;
-            if !matches!(reply.get("error"), Some(Value::String(_))) {
-                return Err(unavailable("refusal without an error code"));
-            }
-            Ok(Reply::Refused {
-                status: status as u16,
-                body: reply,
-            })
-        }
-        _ => Err(unavailable("no ok flag")),
-    }
+    Ok(Reply::Refused(Refused {
+        status: status as u16,
+        retry_after_s,
+        body: fields,
+    }))
 }
 
-/// Sends one operation to the Dispatcher and reads its answer. Every failure
-/// on the way (no binding, the stub throwing, a malformed answer) is
-/// [`Unavailable`].
-pub async fn call(
+/// Removes the envelope's `v` and `ok` from a relayed view.
+pub fn strip_envelope(mut view: View) -> View {
+    view.remove("v");
+    view.remove("ok");
+    view
+}
+
+/// True when an HTTP 400 answer is a Dispatcher one version behind that
+/// could not read this version's framing.
+fn needs_v1(http_status: u16, body: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Rejected {
+        v: u64,
+        error: String,
+    }
+    http_status == 400
+        && serde_json::from_slice::<Rejected>(body).is_ok_and(|r| {
+            r.v < VERSION && matches!(r.error.as_str(), "bad_message" | "unsupported_version")
+        })
+}
+
+/// Sends one request to the Dispatcher and reads its answer. Every failure
+/// on the way (no binding, the stub throwing, a malformed answer, the
+/// deadline) is [`Unavailable`].
+pub async fn call<T: DeserializeOwned>(
     env: &worker::Env,
-    op: Op,
-    args: Map<String, Value>,
-) -> Result<Reply, Unavailable> {
+    request: &Request,
+    payload: &[u8],
+) -> Result<Reply<T>, Unavailable> {
     let failed = |e: worker::Error| Unavailable(e.to_string());
     let stub = env
         .durable_object(BINDING)
         .and_then(|namespace| namespace.get_by_name(INSTANCE))
         .map_err(failed)?;
-    let headers = worker::Headers::new();
-    headers
-        .set("Content-Type", "application/json")
-        .map_err(failed)?;
-    let mut init = worker::RequestInit::new();
-    init.with_method(worker::Method::Post)
-        .with_headers(headers)
-        .with_body(Some(encode_request(op, args).into()));
-    let request =
-        worker::Request::new_with_init(&format!("https://dispatcher/{}", op.as_str()), &init)
+    let url = format!("https://dispatcher/{}", request.op());
+    let send = |body: Vec<u8>| {
+        let mut init = worker::RequestInit::new();
+        init.with_method(worker::Method::Post).with_body(Some(
+            worker::js_sys::Uint8Array::from(body.as_slice()).into(),
+        ));
+        worker::Request::new_with_init(&url, &init).map_err(failed)
+    };
+    let answer = async {
+        let mut response = stub
+            .fetch_with_request(send(encode_request(request, payload))?)
+            .await
             .map_err(failed)?;
-    let answer = async move {
-        let mut response = stub.fetch_with_request(request).await.map_err(failed)?;
-        let body = response.bytes().await.map_err(failed)?;
-        decode_reply(response.status_code(), &body)
+        let mut status = response.status_code();
+        let mut body = response.bytes().await.map_err(failed)?;
+        if needs_v1(status, &body) {
+            let v1 = encode_request_v1(request, payload)
+                .ok_or_else(|| Unavailable("a version 1 Dispatcher cannot take it".into()))?;
+            let mut response = stub.fetch_with_request(send(v1)?).await.map_err(failed)?;
+            status = response.status_code();
+            body = response.bytes().await.map_err(failed)?;
+        }
+        decode_reply(status, &body)
     };
     let deadline = worker::Delay::from(std::time::Duration::from_millis(DEADLINE_MS));
-    match select(Box::pin(answer), Box::pin(deadline)).await {
+    let raced = select(Box::pin(answer), Box::pin(deadline)).await;
+    match raced {
         Either::Left((reply, _)) => reply,
         Either::Right(_) => Err(Unavailable(format!("no answer within {DEADLINE_MS} ms"))),
     }
@@ -319,90 +632,198 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn object(value: Value) -> Map<String, Value> {
-        match value {
-            Value::Object(map) => map,
-            _ => unreachable!(),
+    fn fence() -> Request {
+        Request::Fence {
+            node: "M1".into(),
+            kid: "k1".into(),
         }
     }
 
     #[test]
     fn neighbouring_versions_are_accepted() {
-        assert!(accepts(1) && accepts(2));
-        assert!(!accepts(0) && !accepts(3));
+        assert!(accepts(1) && accepts(2) && accepts(3));
+        assert!(!accepts(0) && !accepts(4));
     }
 
     #[test]
-    fn a_request_round_trips_with_unknown_fields_kept() {
-        let body = encode_request(Op::NodeKeys, object(json!({"hint": 1})));
-        let (op, args) = decode_request("node_keys", body.as_bytes()).unwrap();
-        assert_eq!(op, Op::NodeKeys);
-        assert_eq!(Value::Object(args), json!({"hint": 1}));
+    fn a_request_and_its_payload_round_trip_and_the_payload_is_not_json_escaped() {
+        let payload = b"{\"data\":{\"id\":\"e1\"}}\nsecond line";
+        let body = encode_request(&fence(), payload);
+        // The payload follows the head byte for byte.
+        assert!(body.ends_with(payload));
+        let message = decode_request("fence", &body).unwrap();
+        assert_eq!(message.request, fence());
+        assert_eq!(message.payload, payload);
+    }
+
+    #[test]
+    fn a_version_1_message_is_read_and_a_version_1_body_is_written() {
+        let v1 = br#"{"v":1,"op":"fence","node":"M1","kid":"k1","signed_at_s":5,"body":"{}"}"#;
+        let message = decode_request("fence", v1).unwrap();
+        assert_eq!(
+            (message.request, message.payload),
+            (fence(), b"{}".to_vec())
+        );
+        let written = encode_request_v1(&fence(), b"{}").unwrap();
+        let again = decode_request("fence", &written).unwrap();
+        assert_eq!((again.request, again.payload), (fence(), b"{}".to_vec()));
         // A newer neighbour's request with extra fields is taken.
-        let (op, _) = decode_request("ping", br#"{"v":2,"op":"ping","future":true}"#).unwrap();
-        assert_eq!(op, Op::Ping);
+        let newer = b"{\"v\":3,\"op\":\"ping\",\"future\":true}\n";
+        assert_eq!(
+            decode_request("ping", newer).unwrap().request,
+            Request::Ping
+        );
     }
 
     #[test]
     fn requests_that_cannot_be_taken() {
-        let cases: [(&str, &[u8], MessageError); 6] = [
-            ("ping", b"not json", MessageError::Malformed),
-            ("ping", br#"{"op":"ping"}"#, MessageError::Malformed),
-            ("ping", br#"{"v":"1","op":"ping"}"#, MessageError::Malformed),
+        let cases: [(&str, &[u8], MessageError); 8] = [
+            ("ping", b"not json\n", MessageError::Malformed),
+            ("ping", b"{\"op\":\"ping\"}\n", MessageError::Malformed),
             (
                 "ping",
-                br#"{"v":3,"op":"ping"}"#,
+                b"{\"v\":\"2\",\"op\":\"ping\"}\n",
+                MessageError::Malformed,
+            ),
+            (
+                "ping",
+                b"{\"v\":4,\"op\":\"ping\"}\n",
                 MessageError::UnsupportedVersion,
             ),
-            ("fly", br#"{"v":1,"op":"fly"}"#, MessageError::UnknownOp),
+            (
+                "fly",
+                b"{\"v\":2,\"op\":\"fly\"}\n",
+                MessageError::UnknownOp,
+            ),
             (
                 "node_keys",
-                br#"{"v":1,"op":"ping"}"#,
+                b"{\"v\":2,\"op\":\"ping\"}\n",
                 MessageError::UnknownOp,
+            ),
+            // A missing field is an error, never an empty string.
+            (
+                "fence",
+                b"{\"v\":2,\"op\":\"fence\",\"node\":\"M1\"}\n{}",
+                MessageError::Malformed,
+            ),
+            // Version 2 without its framing.
+            (
+                "ping",
+                b"{\"v\":2,\"op\":\"ping\"}",
+                MessageError::Malformed,
             ),
         ];
         for (url_op, body, error) in cases {
-            assert_eq!(decode_request(url_op, body).unwrap_err(), error);
+            assert_eq!(
+                decode_request(url_op, body).unwrap_err(),
+                error,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 
     #[test]
     fn replies_round_trip() {
-        let done = encode_done(object(json!({"documents": {"policy": false}})));
+        let done = encode_done(&Documents {
+            documents: Present {
+                policy: false,
+                nodes: true,
+            },
+        });
         assert_eq!(
-            decode_reply(200, done.as_bytes()).unwrap(),
-            Reply::Done(object(json!({"documents": {"policy": false}})))
+            decode_reply::<Documents>(200, done.as_bytes()).unwrap(),
+            Reply::Done(Documents {
+                documents: Present {
+                    policy: false,
+                    nodes: true
+                }
+            })
         );
-        let refused = encode_refused(409, "stale_seq", object(json!({"last_seq": 5})));
+        let refused = encode_refused(503, "no_eligible_node", Some(1), json!({"hint": 5}));
         assert_eq!(
-            decode_reply(200, refused.as_bytes()).unwrap(),
-            Reply::Refused {
-                status: 409,
-                body: object(json!({"error": "stale_seq", "last_seq": 5}))
-            }
+            decode_reply::<Documents>(200, refused.as_bytes()).unwrap(),
+            Reply::Refused(Refused {
+                status: 503,
+                retry_after_s: Some(1),
+                body: json!({"error": "no_eligible_node", "hint": 5})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            })
+        );
+        let next = Next::Answer(json!({"ignored": true}));
+        let body = encode_done(&next);
+        assert_eq!(
+            decode_reply::<Next>(200, body.as_bytes()).unwrap(),
+            Reply::Done(next)
+        );
+        assert_eq!(
+            encode_done(&json!({})),
+            format!("{{\"v\":{VERSION},\"ok\":true}}")
         );
     }
 
     #[test]
     fn anything_not_well_formed_is_unavailable() {
-        let cases: [(u16, &[u8]); 8] = [
-            (500, br#"{"v":1,"ok":true}"#),
+        let cases: [(u16, &[u8]); 9] = [
+            (500, br#"{"v":2,"ok":true,"revision":1}"#),
             (200, b"Internal Server Error"),
             (200, b"[]"),
-            (200, br#"{"ok":true}"#),
-            (200, br#"{"v":7,"ok":true}"#),
-            (200, br#"{"v":1}"#),
-            (200, br#"{"v":1,"ok":false,"error":"x"}"#),
-            (200, br#"{"v":1,"ok":false,"status":200,"error":"x"}"#),
+            (200, br#"{"ok":true,"revision":1}"#),
+            (200, br#"{"v":7,"ok":true,"revision":1}"#),
+            (200, br#"{"v":2}"#),
+            (200, br#"{"v":2,"ok":false,"error":"x"}"#),
+            (200, br#"{"v":2,"ok":false,"status":200,"error":"x"}"#),
+            // A result of the wrong shape: a missing field.
+            (200, br#"{"v":2,"ok":true}"#),
         ];
         for (status, body) in cases {
             assert!(
-                decode_reply(status, body).is_err(),
+                decode_reply::<Written>(status, body).is_err(),
                 "{}",
                 String::from_utf8_lossy(body)
             );
         }
         let rejected = encode_rejected(MessageError::UnknownOp);
-        assert!(decode_reply(400, rejected.as_bytes()).is_err());
+        assert!(decode_reply::<Written>(400, rejected.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn only_an_older_dispatchers_framing_refusal_asks_for_version_1() {
+        assert!(needs_v1(
+            400,
+            br#"{"v":1,"ok":false,"error":"bad_message"}"#
+        ));
+        assert!(needs_v1(
+            400,
+            br#"{"v":1,"ok":false,"error":"unsupported_version"}"#
+        ));
+        assert!(!needs_v1(
+            400,
+            br#"{"v":2,"ok":false,"error":"bad_message"}"#
+        ));
+        assert!(!needs_v1(
+            400,
+            br#"{"v":1,"ok":false,"error":"unknown_op"}"#
+        ));
+        assert!(!needs_v1(
+            200,
+            br#"{"v":1,"ok":false,"error":"bad_message"}"#
+        ));
+    }
+
+    #[test]
+    fn state_changing_operations() {
+        assert!(fence().changes_state());
+        assert!(!Request::Status.changes_state());
+        assert_eq!(
+            serde_json::to_value(Request::GetDocument {
+                kind: DocKind::Nodes,
+                revision: None
+            })
+            .unwrap(),
+            json!({"op": "get_document", "kind": "nodes"})
+        );
     }
 }

@@ -4,7 +4,7 @@
 //! Every status the Worker answers with is chosen here or in the route
 //! table, so the mapping from stable codes to HTTP lives in one place.
 
-use crate::protocol::{Reply, Unavailable};
+use crate::protocol::{strip_envelope, Refused, Reply, Unavailable, View};
 use serde_json::{json, Map, Value};
 use worker::{Headers, Request, Response};
 
@@ -134,6 +134,32 @@ impl Answer {
         }
     }
 
+    /// A refusal the Worker gives on the Dispatcher's behalf.
+    pub fn refusal(refusal: &crate::refusal::Refusal) -> Self {
+        let answer = Self {
+            status: refusal.status(),
+            body: refusal.body(),
+            headers: Vec::new(),
+        };
+        match refusal.retry_after_s() {
+            Some(seconds) => answer.header("Retry-After", seconds.to_string()),
+            None => answer,
+        }
+    }
+
+    /// A Dispatcher refusal as it chose it: status, body and `Retry-After`.
+    pub fn refused(refused: Refused) -> Self {
+        let answer = Self {
+            status: refused.status,
+            body: Value::Object(refused.body),
+            headers: Vec::new(),
+        };
+        match refused.retry_after_s {
+            Some(seconds) => answer.header("Retry-After", seconds.to_string()),
+            None => answer,
+        }
+    }
+
     /// Adds a header.
     pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
         self.headers.push((name, value.into()));
@@ -150,32 +176,12 @@ impl Answer {
     }
 }
 
-/// The error codes that tell the carrier or the panel to come back in a
-/// second (`Retry-After: 1`).
-const RETRY_SOON: [&str; 2] = ["no_policy", "no_eligible_node"];
-
-/// The Worker's answer for a Dispatcher reply: its result with 200, its
-/// refusal with the status it chose, or 503 `dispatcher_unavailable`.
-pub fn relay(reply: Result<Reply, Unavailable>) -> Result<Answer, ApiError> {
+/// The Worker's answer for a relayed Dispatcher reply: its result with 200,
+/// its refusal with the status it chose, or 503 `dispatcher_unavailable`.
+pub fn relay(reply: Result<Reply<View>, Unavailable>) -> Result<Answer, ApiError> {
     match reply {
-        Ok(Reply::Done(result)) => Ok(Answer::ok(Value::Object(result))),
-        Ok(Reply::Refused { status, body }) => {
-            let code = body
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let retry = RETRY_SOON.contains(&code);
-            let answer = Answer {
-                status,
-                body: Value::Object(body),
-                headers: Vec::new(),
-            };
-            Ok(if retry {
-                answer.header("Retry-After", "1")
-            } else {
-                answer
-            })
-        }
+        Ok(Reply::Done(view)) => Ok(Answer::ok(Value::Object(strip_envelope(view)))),
+        Ok(Reply::Refused(refused)) => Ok(Answer::refused(refused)),
         Err(_) => Err(ApiError::dispatcher_unavailable()),
     }
 }

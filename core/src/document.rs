@@ -14,7 +14,10 @@ use crate::MAX_SAFE_INTEGER;
 pub const MAX_DOCUMENT_BODY: usize = 256 * 1024;
 
 /// Which versioned document.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum DocKind {
     /// The routing policy (`/v1/policy`).
     Policy,

@@ -229,7 +229,7 @@ pub fn verify(
 }
 
 /// What callfence reads from a verified webhook body.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Envelope {
     /// `data.id`: the event id, the deduplication key.
     pub event_id: String,

@@ -12,6 +12,7 @@
 #[allow(missing_docs)]
 mod object;
 mod ops;
+pub mod profile;
 pub mod store;
 
 pub use object::Dispatcher;

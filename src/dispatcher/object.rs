@@ -3,14 +3,15 @@
 //! alarm that re-drives, re-evaluates, sweeps and prunes.
 
 use super::ops;
+use super::profile::{OpProfile, Profile};
 use super::store::DoStore;
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::forward;
-use crate::protocol::{self, Op};
-use callfence_core::engine::{Engine, EngineConfig, Report, Timing};
+use crate::protocol;
+use callfence_core::engine::{Engine, Report};
 use callfence_core::store::migrate;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
 /// The Dispatcher Durable Object (class `Dispatcher`, bound as `DISPATCHER`).
@@ -23,60 +24,25 @@ pub struct Dispatcher {
     armed_at: Cell<Option<i64>>,
     /// The outcome of applying the migrations at construction.
     migrated: std::result::Result<(), String>,
-}
-
-/// A variable as text, if set.
-fn var(env: &Env, name: &str) -> Option<String> {
-    env.var(name)
-        .ok()
-        .map(|v| v.to_string())
-        .filter(|v| !v.is_empty())
-}
-
-fn var_ms(env: &Env, name: &str) -> Option<i64> {
-    var(env, name)
-        .and_then(|v| v.parse().ok())
-        .filter(|v: &i64| *v > 0)
-}
-
-/// The engine's configuration from the environment. The `CALLFENCE_TEST_*`
-/// variables shorten the background timing for tests only (README).
-fn engine_config(env: &Env) -> EngineConfig {
-    let defaults = Timing::default();
-    EngineConfig {
-        forward_timeout_ms: var_ms(env, "FORWARD_TIMEOUT_MS").unwrap_or(1_500),
-        connection_ids: var(env, "TELNYX_CONNECTION_IDS").map(|ids| {
-            ids.split(',')
-                .map(|id| id.trim().to_owned())
-                .filter(|id| !id.is_empty())
-                .collect()
-        }),
-        allow_plaintext: var(env, "ORIGIN_ALLOW_PLAINTEXT").as_deref() == Some("true"),
-        timing: Timing {
-            node_lost_after_ms: var_ms(env, "CALLFENCE_TEST_NODE_LOST_MS")
-                .unwrap_or(defaults.node_lost_after_ms),
-            max_duration_ms: var_ms(env, "CALLFENCE_TEST_MAX_DURATION_MS")
-                .unwrap_or(defaults.max_duration_ms),
-            sweep_interval_ms: var_ms(env, "CALLFENCE_TEST_SWEEP_MS")
-                .unwrap_or(defaults.sweep_interval_ms),
-            ..defaults
-        },
-    }
+    /// Where the time went, per operation (for `make bench`).
+    profile: RefCell<Profile>,
 }
 
 impl DurableObject for Dispatcher {
     fn new(state: State, env: Env) -> Self {
-        let store = DoStore::new(state.storage().sql());
+        let config = Config::get(&env);
+        let store = DoStore::new(&state, config.test.fail_unit_after_writes);
         let migrated = migrate(&store, now_ms())
             .map(|_| ())
             .map_err(|e| e.to_string());
-        let engine = Engine::new(store, engine_config(&env));
+        let engine = Engine::new(store, config.engine());
         Self {
             state,
             env,
             engine,
             armed_at: Cell::new(None),
             migrated,
+            profile: RefCell::new(Profile::default()),
         }
     }
 
@@ -87,25 +53,50 @@ impl DurableObject for Dispatcher {
                 "schema migration failed: {problem}"
             )));
         }
+        let arrived = now_ms();
+        let spent_before = self.engine.store().spent();
         let path = req.path();
         let url_op = path.trim_start_matches('/');
         let body = req.bytes().await?;
-        match protocol::decode_request(url_op, &body) {
-            Ok((op, args)) => {
-                let config = Config::get(&self.env);
-                let media = config.node_routes.as_ref().ok().map(|n| &n.media);
-                let reply = ops::serve(&self.engine, media, op, args, now_ms())
-                    .map_err(|e| worker::Error::RustError(e.to_string()))?;
-                if matches!(op, Op::Webhook | Op::Report | Op::Claim) {
-                    self.arm().await?;
-                }
-                answer(200, reply)
-            }
-            Err(error) => answer(400, protocol::encode_rejected(error)),
+        let message = match protocol::decode_request(url_op, &body) {
+            Ok(message) => message,
+            Err(error) => return answer(400, protocol::encode_rejected(error)),
+        };
+        let decoded = now_ms();
+        let config = Config::get(&self.env);
+        let media = config.node_routes.as_ref().ok().map(|n| &n.media);
+        let reply = {
+            let profile = self.profile.borrow();
+            ops::serve(&self.engine, media, &profile, &message, decoded)
         }
+        .map_err(|e| worker::Error::RustError(e.to_string()))?;
+        let served = now_ms();
+        let alarm_api_calls = if message.request.changes_state() {
+            self.arm().await?
+        } else {
+            0
+        };
+        let (statements, sql_ms) = self.engine.store().spent();
+        let done = now_ms();
+        self.profile.borrow_mut().record(
+            message.request.op(),
+            &OpProfile {
+                count: 1,
+                total_ms: done - arrived,
+                decode_ms: decoded - arrived,
+                serve_ms: served - decoded,
+                sql_ms: sql_ms - spent_before.1,
+                statements: statements - spent_before.0,
+                arm_ms: done - served,
+                alarm_api_calls,
+            },
+        );
+        answer(200, reply)
     }
 
     async fn alarm(&self) -> Result<Response> {
+        let arrived = now_ms();
+        let spent_before = self.engine.store().spent();
         self.armed_at.set(None);
         let work = self
             .engine
@@ -133,7 +124,23 @@ impl DurableObject for Dispatcher {
                     .map_err(|e| worker::Error::RustError(e.to_string()))?;
             }
         }
-        self.arm().await?;
+        let armed = now_ms();
+        let alarm_api_calls = self.arm().await?;
+        let (statements, sql_ms) = self.engine.store().spent();
+        let done = now_ms();
+        self.profile.borrow_mut().record(
+            "alarm",
+            &OpProfile {
+                count: 1,
+                total_ms: done - arrived,
+                serve_ms: armed - arrived,
+                sql_ms: sql_ms - spent_before.1,
+                statements: statements - spent_before.0,
+                arm_ms: done - armed,
+                alarm_api_calls,
+                ..OpProfile::default()
+            },
+        );
         Response::ok("")
     }
 }
@@ -141,27 +148,31 @@ impl DurableObject for Dispatcher {
 impl Dispatcher {
     /// Arms the alarm for the earliest pending work, unless it is already
     /// armed for earlier (known from memory, else asked of storage once).
-    async fn arm(&self) -> Result<()> {
+    /// Returns how many calls it made to the runtime's alarm API.
+    async fn arm(&self) -> Result<u64> {
         let now = now_ms();
         let next = self
             .engine
             .next_alarm_at(now)
             .map_err(|e| worker::Error::RustError(e.to_string()))?;
         let Some(at) = next else {
-            return Ok(());
+            return Ok(0);
         };
         if self.armed_at.get().is_some_and(|armed| armed <= at) {
-            return Ok(());
+            return Ok(0);
         }
         let storage = self.state.storage();
         match storage.get_alarm().await? {
-            Some(armed) if armed <= at => self.armed_at.set(Some(armed)),
+            Some(armed) if armed <= at => {
+                self.armed_at.set(Some(armed));
+                Ok(1)
+            }
             _ => {
                 storage.set_alarm((at - now).max(0)).await?;
                 self.armed_at.set(Some(at));
+                Ok(2)
             }
         }
-        Ok(())
     }
 }
 

@@ -1,85 +1,258 @@
-//! The core's [`Store`] over the Durable Object's SQLite (`SqlStorage`).
+//! The core's [`Store`] over the Durable Object's SQLite storage.
+//!
+//! # One crossing per statement
+//!
+//! Each statement is one call into a small JavaScript helper
+//! ([`glue`]) that runs `sql.exec(query, ...bindings)` and hands every row
+//! back at once as one JSON text (`cursor.raw().toArray()`), which the wasm
+//! side parses. Going through workers-rs's cursor instead costs a crossing
+//! per row and several per column (iterator, `done`, `value`, one type test
+//! after another), which made SQL the largest share of the Dispatcher's
+//! time per webhook (see the README's benchmarks).
 //!
 //! # Value mapping
 //!
-//! | core [`Value`] | `SqlStorageValue` | notes |
+//! | core [`Value`] | JSON from the runtime | notes |
 //! |---|---|---|
-//! | `Null` | `Null` | |
-//! | `Int(i)` | `Integer(i)` | binding outside ±(2^53−1) is an error: the runtime carries it as a JavaScript number and would round it |
-//! | `Real(f)` | `Float(f)` | |
-//! | `Text(s)` | `String(s)` | |
+//! | `Null` | `null` | |
+//! | `Int(i)` | a whole number | binding outside ±(2^53−1) is an error: the runtime carries it as a JavaScript number and would round it |
+//! | `Real(f)` | a fractional number | a whole `REAL` reads back as `Int` (the core's [`Value::as_int`] takes both) |
+//! | `Text(s)` | a string | |
 //!
-//! Reading back, the runtime hands every number over as a JavaScript
-//! number: a whole one within ±(2^53−1) arrives as `Integer` (even from a
-//! REAL column), any other as `Float`, which becomes `Real` (the core's
-//! [`Value::as_int`] then refuses it). `Boolean` becomes `Int(0|1)`; a
-//! `Blob` is an error (the schema stores none).
+//! The schema stores no BLOBs; a blob column would read back as an object
+//! and is an error.
 //!
 //! # Atomicity
 //!
-//! `exec` is synchronous. Statements run with no `await` between them
-//! commit together, so [`Store::atomically`] keeps its default.
+//! [`Store::atomically`] runs its unit inside the runtime's
+//! `ctx.storage.transactionSync()`: when the unit returns an error, the
+//! helper throws inside the transaction so the runtime rolls back every
+//! statement of the unit, then reports the rollback to Rust. (The DO's SQL
+//! API refuses `BEGIN`/`SAVEPOINT` statements, and workers-rs 0.8.7 binds no
+//! `transactionSync`, hence the helper.) Statements outside a unit (the
+//! read-only views) each commit on their own, as before.
+//!
+//! # Test-only fault switch
+//!
+//! `CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES=N` makes every atomic unit fail at
+//! its (N+1)-th writing statement, so an end-to-end test can show that a
+//! unit which fails half-way leaves nothing behind. Never set it in a
+//! deployment (README, "Test-only variables").
 
 use callfence_core::store::{Row, Store, StoreError, Value};
 use callfence_core::MAX_SAFE_INTEGER;
-use worker::{SqlStorage, SqlStorageValue};
+use std::cell::Cell;
+use wasm_bindgen::prelude::*;
+
+#[wasm_bindgen(inline_js = r#"
+const ROLLBACK = new Error("callfence: unit failed, rolled back");
+export function callfence_exec(sql, query, params) {
+  const cursor = sql.exec(query, ...JSON.parse(params));
+  return JSON.stringify(cursor.raw().toArray());
+}
+export function callfence_atomically(storage, unit) {
+  try {
+    storage.transactionSync(() => { if (!unit()) throw ROLLBACK; });
+    return true;
+  } catch (e) {
+    if (e === ROLLBACK) return false;
+    throw e;
+  }
+}
+"#)]
+extern "C" {
+    /// Runs one statement; every row as one JSON array of arrays.
+    #[wasm_bindgen(catch)]
+    fn callfence_exec(sql: &JsValue, query: &str, params: &str) -> Result<String, JsValue>;
+
+    /// Runs `unit` in `storage.transactionSync`; `false` when `unit`
+    /// returned `false` and the transaction was rolled back.
+    #[wasm_bindgen(catch)]
+    fn callfence_atomically(
+        storage: &JsValue,
+        unit: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, JsValue>;
+}
 
 /// The Dispatcher's SQLite database as a core [`Store`].
-#[derive(Clone)]
 pub struct DoStore {
-    sql: SqlStorage,
+    /// `ctx.storage.sql`.
+    sql: JsValue,
+    /// `ctx.storage`, for `transactionSync`.
+    storage: JsValue,
+    /// Depth of nested [`Store::atomically`] units (only the outermost one
+    /// opens a transaction).
+    depth: Cell<u32>,
+    /// Writing statements so far in the current unit (for the fault switch).
+    writes: Cell<u32>,
+    /// `CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES`.
+    fail_after_writes: Option<u32>,
+    /// Statements run since construction (for the profile).
+    statements: Cell<u64>,
+    /// Milliseconds inside statements since construction (for the profile).
+    sql_ms: Cell<i64>,
 }
 
 impl DoStore {
-    /// Wraps the Durable Object's `ctx.storage.sql`.
-    pub fn new(sql: SqlStorage) -> Self {
-        Self { sql }
+    /// Wraps the Durable Object's storage. `fail_after_writes` is the
+    /// test-only fault switch (see the module doc).
+    pub fn new(state: &worker::State, fail_after_writes: Option<u32>) -> Self {
+        let raw: &JsValue = state.as_raw();
+        let storage = worker::js_sys::Reflect::get(raw, &JsValue::from_str("storage"))
+            .unwrap_or(JsValue::UNDEFINED);
+        let sql = worker::js_sys::Reflect::get(&storage, &JsValue::from_str("sql"))
+            .unwrap_or(JsValue::UNDEFINED);
+        Self {
+            sql,
+            storage,
+            depth: Cell::new(0),
+            writes: Cell::new(0),
+            fail_after_writes,
+            statements: Cell::new(0),
+            sql_ms: Cell::new(0),
+        }
     }
+
+    /// Statements run, and milliseconds spent in them, since the Durable
+    /// Object started (see [`profile`](super::profile)).
+    pub fn spent(&self) -> (u64, i64) {
+        (self.statements.get(), self.sql_ms.get())
+    }
+
+    /// The fault switch: an error when this statement would pass the
+    /// allowed number of writes in the current unit.
+    fn fault(&self, sql: &str) -> Result<(), StoreError> {
+        let Some(limit) = self.fail_after_writes else {
+            return Ok(());
+        };
+        if self.depth.get() == 0 || !is_write(sql) {
+            return Ok(());
+        }
+        let writes = self.writes.get() + 1;
+        self.writes.set(writes);
+        if writes > limit {
+            return Err(StoreError(format!(
+                "test fault: write {writes} of a unit refused (CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES={limit})"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// True for a statement that writes.
+fn is_write(sql: &str) -> bool {
+    let head = sql.trim_start().get(..7).unwrap_or_default();
+    ["INSERT", "UPDATE", "DELETE", "REPLACE"]
+        .iter()
+        .any(|verb| head.len() >= verb.len() && head[..verb.len()].eq_ignore_ascii_case(verb))
+}
+
+fn js_error(e: JsValue) -> StoreError {
+    StoreError(
+        e.as_string()
+            .or_else(|| {
+                worker::js_sys::Reflect::get(&e, &JsValue::from_str("message"))
+                    .ok()
+                    .and_then(|m| m.as_string())
+            })
+            .unwrap_or_else(|| "the SQL binding threw".to_owned()),
+    )
 }
 
 impl Store for DoStore {
     fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
-        let bindings = params.iter().map(to_sql).collect::<Result<Vec<_>, _>>()?;
-        let cursor = self
-            .sql
-            .exec(sql, bindings)
-            .map_err(|e| StoreError(e.to_string()))?;
-        cursor
-            .raw()
-            .map(|row| {
-                row.map_err(|e| StoreError(e.to_string()))?
-                    .into_iter()
-                    .map(from_sql)
-                    .collect()
-            })
-            .collect()
+        self.fault(sql)?;
+        let started = crate::clock::now_ms();
+        let params = encode_params(params)?;
+        let rows = callfence_exec(&self.sql, sql, &params)
+            .map_err(js_error)
+            .and_then(|rows| decode_rows(&rows));
+        self.statements.set(self.statements.get() + 1);
+        self.sql_ms
+            .set(self.sql_ms.get() + crate::clock::now_ms() - started);
+        rows
+    }
+
+    fn atomically<T, E: From<StoreError>>(
+        &self,
+        work: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        if self.depth.get() > 0 {
+            return work();
+        }
+        self.depth.set(1);
+        self.writes.set(0);
+        let mut work = Some(work);
+        let mut outcome: Option<Result<T, E>> = None;
+        let mut unit = || {
+            let result = work.take().map(|w| w());
+            let ok = matches!(result, Some(Ok(_)));
+            outcome = result;
+            ok
+        };
+        let ran = callfence_atomically(&self.storage, &mut unit);
+        self.depth.set(0);
+        match (ran, outcome) {
+            // Committed, or rolled back because the unit failed: its own
+            // result says which.
+            (Ok(_), Some(result)) => result,
+            // The runtime threw (the commit failed, or the unit never ran):
+            // nothing of it is stored.
+            (Err(e), _) => Err(E::from(js_error(e))),
+            (Ok(_), None) => Err(E::from(StoreError(
+                "transactionSync did not run the unit".to_owned(),
+            ))),
+        }
     }
 }
 
-/// A core value as a binding.
-pub fn to_sql(value: &Value) -> Result<SqlStorageValue, StoreError> {
-    Ok(match value {
-        Value::Null => SqlStorageValue::Null,
-        Value::Int(i) if i.unsigned_abs() <= MAX_SAFE_INTEGER => SqlStorageValue::Integer(*i),
-        Value::Int(i) => {
-            return Err(StoreError(format!(
-                "integer {i} is outside ±(2^53−1) and cannot be bound"
-            )))
-        }
-        Value::Real(f) => SqlStorageValue::Float(*f),
-        Value::Text(s) => SqlStorageValue::String(s.clone()),
-    })
+/// The bindings as a JSON array, refusing integers the runtime would round.
+pub fn encode_params(params: &[Value]) -> Result<String, StoreError> {
+    let mut out = Vec::with_capacity(params.len());
+    for value in params {
+        out.push(match value {
+            Value::Null => serde_json::Value::Null,
+            Value::Int(i) if i.unsigned_abs() <= MAX_SAFE_INTEGER => serde_json::Value::from(*i),
+            Value::Int(i) => {
+                return Err(StoreError(format!(
+                    "integer {i} is outside ±(2^53−1) and cannot be bound"
+                )))
+            }
+            Value::Real(f) => serde_json::Number::from_f64(*f)
+                .map(serde_json::Value::Number)
+                .ok_or_else(|| StoreError(format!("{f} cannot be bound")))?,
+            Value::Text(s) => serde_json::Value::from(s.as_str()),
+        });
+    }
+    serde_json::to_string(&out).map_err(|e| StoreError(e.to_string()))
+}
+
+/// The rows the helper returned.
+pub fn decode_rows(text: &str) -> Result<Vec<Row>, StoreError> {
+    let rows: Vec<Vec<serde_json::Value>> =
+        serde_json::from_str(text).map_err(|e| StoreError(format!("rows: {e}")))?;
+    rows.into_iter()
+        .map(|row| row.into_iter().map(from_json).collect())
+        .collect()
 }
 
 /// A column as a core value.
-pub fn from_sql(value: SqlStorageValue) -> Result<Value, StoreError> {
+fn from_json(value: serde_json::Value) -> Result<Value, StoreError> {
     Ok(match value {
-        SqlStorageValue::Null => Value::Null,
-        SqlStorageValue::Boolean(b) => Value::Int(i64::from(b)),
-        SqlStorageValue::Integer(i) => Value::Int(i),
-        SqlStorageValue::Float(f) => Value::Real(f),
-        SqlStorageValue::String(s) => Value::Text(s),
-        SqlStorageValue::Blob(_) => return Err(StoreError("unexpected BLOB column".to_owned())),
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Int(i64::from(b)),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) if i.unsigned_abs() <= MAX_SAFE_INTEGER => Value::Int(i),
+            _ => match n.as_f64() {
+                Some(f) if f.fract() == 0.0 && f.abs() <= MAX_SAFE_INTEGER as f64 => {
+                    Value::Int(f as i64)
+                }
+                Some(f) => Value::Real(f),
+                None => return Err(StoreError(format!("unreadable number {n}"))),
+            },
+        },
+        serde_json::Value::String(s) => Value::Text(s),
+        other => return Err(StoreError(format!("unexpected column value {other}"))),
     })
 }
 
@@ -90,35 +263,55 @@ mod tests {
     const MAX: i64 = MAX_SAFE_INTEGER as i64;
 
     #[test]
-    fn values_round_trip() {
-        for value in [
+    fn values_round_trip_through_the_helpers_json() {
+        let values = vec![
             Value::Null,
             Value::Int(0),
             Value::Int(MAX),
             Value::Int(-MAX),
             Value::Real(1.5),
-            Value::Text("héllo".into()),
-        ] {
-            assert_eq!(from_sql(to_sql(&value).unwrap()).unwrap(), value);
-        }
+            Value::Text("héllo \"quoted\"\n".into()),
+        ];
+        // The helper binds the params and hands the row back as the same JSON.
+        let params = encode_params(&values).unwrap();
+        let rows = decode_rows(&format!("[{params}]")).unwrap();
+        assert_eq!(rows, vec![values]);
     }
 
     #[test]
     fn integers_beyond_the_safe_range_are_refused() {
         for i in [MAX + 1, -(MAX + 1), i64::MAX, i64::MIN] {
-            assert!(to_sql(&Value::Int(i)).is_err(), "{i}");
+            assert!(encode_params(&[Value::Int(i)]).is_err(), "{i}");
         }
+        assert!(encode_params(&[Value::Real(f64::NAN)]).is_err());
     }
 
     #[test]
-    fn runtime_only_types_are_mapped_or_refused() {
+    fn runtime_numbers_and_odd_columns() {
+        // A whole number handed over as a float is an integer; a number the
+        // runtime could not hand over exactly is not.
         assert_eq!(
-            from_sql(SqlStorageValue::Boolean(true)).unwrap(),
-            Value::Int(1)
+            decode_rows("[[3.0, true]]").unwrap(),
+            vec![vec![Value::Int(3), Value::Int(1)]]
         );
-        assert!(from_sql(SqlStorageValue::Blob(vec![1])).is_err());
-        // A number the runtime could not hand over exactly is not an integer.
-        let big = from_sql(SqlStorageValue::Float(2f64.powi(60))).unwrap();
-        assert_eq!(big.as_int(), None);
+        assert_eq!(decode_rows("[[1e300]]").unwrap()[0][0].as_int(), None);
+        // A blob arrives as an object: refused.
+        assert!(decode_rows("[[{}]]").is_err());
+        assert!(decode_rows("not json").is_err());
+    }
+
+    #[test]
+    fn writes_are_told_from_reads() {
+        for sql in [
+            "INSERT INTO t",
+            "  update t",
+            "DELETE FROM t",
+            "REPLACE INTO t",
+        ] {
+            assert!(is_write(sql), "{sql}");
+        }
+        for sql in ["SELECT 1", "WITH x AS", "", "UP"] {
+            assert!(!is_write(sql), "{sql}");
+        }
     }
 }

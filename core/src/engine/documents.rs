@@ -15,7 +15,6 @@ pub const KEPT_REVISIONS: i64 = 50;
 
 /// Why a document read or write was refused. Nothing changes on any of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum DocError {
     /// No `If-Match` and no body `revision` (428).
     PreconditionRequired,

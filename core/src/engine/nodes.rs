@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 
 /// Why a heartbeat was refused; nothing is stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum HeartbeatRefusal {
     /// Malformed, or `node` differs from `Callfence-Node` (400).
     Invalid(String),
@@ -45,7 +44,7 @@ impl From<EngineError> for HeartbeatRefusal {
 }
 
 /// One public key of one node, for the Worker's signature cache.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct NodeKey {
     /// The node id.
     pub node: String,
