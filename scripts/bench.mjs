@@ -17,7 +17,18 @@
 //     minus the time spent awaiting the Dispatcher and the origin. Local
 //     workerd advances Date.now() during CPU work, so this approximates the
 //     Worker's CPU time (1 ms resolution per reading);
-//  4. the build's sizes.
+//  4. CPU per webhook of the whole workerd process (Worker and Dispatcher
+//     together) from /proc/<pid>/stat (utime + stime) over the sequential
+//     phase, divided by the webhooks that process served, for callfence and
+//     for the pass-through Worker;
+//  5. where the Dispatcher's time goes per operation (the `profile` message,
+//     src/dispatcher/profile.rs): per webhook, its decode, engine + encode,
+//     SQL (and statements), and alarm arming, for the `webhook` and `report`
+//     operations of the sequential phase;
+//  6. overload: BENCH_OVERLOAD_CALLS new calls with BENCH_OVERLOAD_CONCURRENCY
+//     in flight: how many the Dispatcher took and how many it shed (503
+//     `overloaded`, core/src/admission.rs), and the latency of each;
+//  7. the build's sizes.
 //
 // The origin verifies nothing and answers 200 {"ok":true}. Every answer is
 // checked (callfence: 200 with delivered_to; pass-through: 200), and the run
@@ -25,13 +36,17 @@
 //
 // Knobs (environment): BENCH_WARMUP (30), BENCH_CALLS (300),
 // BENCH_THROUGHPUT_CALLS (1000), BENCH_CONCURRENCY (8),
-// BENCH_FORWARD_TIMEOUT_MS (1500), BENCH_README=1 also writes the figures
-// into README.md between the bench markers.
+// BENCH_FORWARD_TIMEOUT_MS (1500), BENCH_OVERLOAD_CALLS (600),
+// BENCH_OVERLOAD_CONCURRENCY (32). BENCH_README=1 also writes the figures
+// into README.md between the bench markers; BENCH_JSON=1 prints, as the last
+// line, one JSON object with every figure (p50_ratio, p99_ratio,
+// assignments_per_s, worker_ms_median, cpu_ms_per_webhook, wasm_gzip_bytes,
+// ...), so runs can be compared.
 
 import { Miniflare } from "miniflare";
 import { execFileSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { readFileSync, statSync, writeFileSync } from "node:fs";
+import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import os from "node:os";
 import { join } from "node:path";
@@ -59,6 +74,8 @@ const CALLS = int("BENCH_CALLS", 300);
 const THROUGHPUT_CALLS = int("BENCH_THROUGHPUT_CALLS", 1000);
 const CONCURRENCY = int("BENCH_CONCURRENCY", 8);
 const FORWARD_TIMEOUT_MS = int("BENCH_FORWARD_TIMEOUT_MS", 1500);
+const OVERLOAD_CALLS = int("BENCH_OVERLOAD_CALLS", 600);
+const OVERLOAD_CONCURRENCY = int("BENCH_OVERLOAD_CONCURRENCY", 32);
 const WEBHOOK = "/v1/telnyx/webhook";
 const NODE = "M1";
 const KID = "k1";
@@ -77,6 +94,85 @@ function summary(samples) {
   return { n: sorted.length, p50: quantile(sorted, 0.5), p90: quantile(sorted, 0.9), p99: quantile(sorted, 0.99), mean, max: sorted.at(-1) };
 }
 const ms = (x, digits = 2) => `${x.toFixed(digits)} ms`;
+
+// ------------------------------------------------------------------- cpu ----
+
+/** The pids of this process's workerd children. */
+function workerdPids() {
+  const pids = [];
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      const comm = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"));
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      if (comm === "workerd" && Number(fields[1]) === process.pid) pids.push(Number(entry));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return pids;
+}
+
+/** The one workerd child started by `start()`. */
+async function newWorkerd(start) {
+  const before = new Set(workerdPids());
+  const result = await start();
+  const fresh = workerdPids().filter((pid) => !before.has(pid));
+  if (fresh.length !== 1) throw new Error(`expected one new workerd process, found ${fresh.length}`);
+  return { result, pid: fresh[0] };
+}
+
+const CLOCK_TICKS = (() => {
+  try {
+    return Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim()) || 100;
+  } catch {
+    return 100;
+  }
+})();
+
+/** CPU time (user + system) of `pid` so far, in ms. */
+function cpuMs(pid) {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  // fields[0] is field 3 (state): utime is field 14, stime field 15.
+  return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS;
+}
+
+// -------------------------------------------------------------- profile ----
+
+/** The Dispatcher's profile (src/dispatcher/profile.rs), straight from the DO. */
+async function dispatcherProfile(edge) {
+  const stub = await edge.dispatcher();
+  const res = await stub.fetch("https://dispatcher/profile", { method: "POST", body: '{"v":2,"op":"profile"}\n' });
+  const text = await res.text();
+  try {
+    const body = JSON.parse(text);
+    // A build that predates the profile answers bad_message: no figures.
+    return body.ok ? body.ops : {};
+  } catch {
+    return {};
+  }
+}
+
+/** Per-request means of `after - before` for one operation. */
+function profileDelta(before, after, op) {
+  const a = after[op] ?? {};
+  const b = before[op] ?? {};
+  const count = (a.count ?? 0) - (b.count ?? 0);
+  const mean = (field) => (count > 0 ? ((a[field] ?? 0) - (b[field] ?? 0)) / count : 0);
+  return {
+    count,
+    total_ms: mean("total_ms"),
+    decode_ms: mean("decode_ms"),
+    serve_ms: mean("serve_ms"),
+    origin_ms: mean("origin_ms"),
+    sql_ms: mean("sql_ms"),
+    statements: mean("statements"),
+    arm_ms: mean("arm_ms"),
+    alarm_api_calls: mean("alarm_api_calls"),
+  };
+}
 
 // ---------------------------------------------------------------- origin ----
 
@@ -264,19 +360,24 @@ async function main() {
   const origin = await startPlainOrigin();
   const keys = testKeys();
   const node = ed25519();
-  const edge = await startEdge({ keys, bindings: { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS) } });
-  const passthrough = new Miniflare({
-    host: "127.0.0.1",
-    port: 0,
-    cf: false,
-    modules: true,
-    scriptPath: join(ROOT, "bench/passthrough.mjs"),
-    compatibilityDate: before.compatibilityDate,
-    bindings: { ORIGIN_URL: origin.url },
+  const { result: edge, pid: edgePid } = await newWorkerd(() =>
+    startEdge({ keys, bindings: { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS) } }),
+  );
+  let passthrough;
+  const { result: passthroughUrl, pid: passthroughPid } = await newWorkerd(() => {
+    passthrough = new Miniflare({
+      host: "127.0.0.1",
+      port: 0,
+      cf: false,
+      modules: true,
+      scriptPath: join(ROOT, "bench/passthrough.mjs"),
+      compatibilityDate: before.compatibilityDate,
+      bindings: { ORIGIN_URL: origin.url },
+    });
+    return passthrough.ready;
   });
   let stopBeating = () => {};
   try {
-    const passthroughUrl = await passthrough.ready;
     stopBeating = await setUpCallfence(edge, origin, node);
 
     // 1. Sequential latency, interleaved ABBA.
@@ -285,7 +386,13 @@ async function main() {
     const pt = [];
     const total = WARMUP + CALLS;
     const started1 = performance.now();
+    let cpu0 = null;
+    let profile0 = null;
     for (let i = 0; i < total; i += 1) {
+      if (i === WARMUP) {
+        profile0 = await dispatcherProfile(edge);
+        cpu0 = { edge: cpuMs(edgePid), passthrough: cpuMs(passthroughPid) };
+      }
       const a = newCall(keys, "seq", i);
       const b = newCall(keys, "pt", i);
       const runCf = () => timed(edge.url, a, checkCallfence);
@@ -306,6 +413,15 @@ async function main() {
       }
     }
     const latencySeconds = (performance.now() - started1) / 1000;
+    const cpu = {
+      callfence: (cpuMs(edgePid) - cpu0.edge) / CALLS,
+      passthrough: (cpuMs(passthroughPid) - cpu0.passthrough) / CALLS,
+    };
+    const profile1 = await dispatcherProfile(edge);
+    const profile = {
+      webhook: profileDelta(profile0, profile1, "webhook"),
+      report: profileDelta(profile0, profile1, "report"),
+    };
 
     // 2. Throughput: THROUGHPUT_CALLS distinct new calls, CONCURRENCY in flight.
     const calls = Array.from({ length: THROUGHPUT_CALLS }, (_, i) => newCall(keys, "tput", i));
@@ -326,8 +442,41 @@ async function main() {
     );
     const throughputSeconds = (performance.now() - started2) / 1000;
 
+    // Overload: OVERLOAD_CONCURRENCY in flight; every answer must be a
+    // delivery or a shed (503 overloaded), nothing else.
+    const overload = { taken: [], shed: [], other: [] };
+    const overloadCalls = Array.from({ length: OVERLOAD_CALLS }, (_, i) => newCall(keys, "over", i));
+    let nextOver = 0;
+    const started3 = performance.now();
+    await Promise.all(
+      Array.from({ length: OVERLOAD_CONCURRENCY }, async () => {
+        while (nextOver < overloadCalls.length) {
+          const call = overloadCalls[nextOver];
+          nextOver += 1;
+          const t0 = performance.now();
+          const res = await fetch(new URL(WEBHOOK, edge.url), { method: "POST", headers: call.headers, body: call.body, redirect: "manual" });
+          const text = await res.text();
+          const elapsed = performance.now() - t0;
+          let body = null;
+          try {
+            body = JSON.parse(text);
+          } catch {
+            // counted as other
+          }
+          if (res.status === 200 && body?.delivered_to === NODE) overload.taken.push(elapsed);
+          else if (res.status === 503 && body?.error === "overloaded" && res.headers.get("retry-after") === "1") overload.shed.push(elapsed);
+          else overload.other.push(`${res.status} ${text.slice(0, 120)}`);
+        }
+      }),
+    );
+    const overloadSeconds = (performance.now() - started3) / 1000;
+    if (overload.other.length > 0) {
+      throw new Error(`${overload.other.length} overload answers were neither deliveries nor sheds, first: ${overload.other[0]}`);
+    }
+
     // 3. The Worker's own time, from its log lines.
     const expected = CALLS + THROUGHPUT_CALLS;
+    // (The overload phase's lines are not read: its sheds never forward.)
     const deadline = Date.now() + 5000;
     let lines = [];
     for (;;) {
@@ -397,16 +546,58 @@ async function main() {
           (oT ? `; under ${CONCURRENCY} in flight: median ${oT.p50} ms, mean ${oT.mean.toFixed(2)} ms` : "")
         : `Worker's own time per webhook: no log line carried wait_ms (${missingWait} without): the build predates it, run make build`,
       `  includes: route, config, body read, Telnyx Ed25519 verify, envelope parse, JSON to/from the Dispatcher, assertion minting (Ed25519 sign), building the forward and the answer; excludes: the Dispatcher's own work and storage, the origin, the HTTP hop from the client. 1 ms clock resolution per reading.`,
+      `CPU per webhook, whole workerd process (utime+stime from /proc, ${CALLS} sequential webhooks, ${CLOCK_TICKS} ticks/s): callfence ${ms(cpu.callfence)}, pass-through ${ms(cpu.passthrough)} (ratio ${(cpu.callfence / cpu.passthrough).toFixed(2)}x)`,
+      `Dispatcher time per webhook (its profile, sequential phase; ms sums of Date.now, so means over ${profile.webhook.count} requests):`,
+      ...["webhook", "report"]
+        .filter((op) => profile[op].count > 0)
+        .map((op) => {
+          const x = profile[op];
+          return `  ${op.padEnd(8)} total ${ms(x.total_ms, 3)} = decode ${ms(x.decode_ms, 3)} + engine, forward building and encode ${ms(x.serve_ms, 3)} (of which SQL ${ms(x.sql_ms, 3)} in ${x.statements.toFixed(1)} statements) + awaiting the origin ${ms(x.origin_ms, 3)} + alarm ${ms(x.arm_ms, 3)} (${x.alarm_api_calls.toFixed(2)} alarm API calls)`;
+        }),
+      `overload: ${OVERLOAD_CALLS} new calls, ${OVERLOAD_CONCURRENCY} in flight (${overloadSeconds.toFixed(2)} s): ${overload.taken.length} taken (p50 ${ms(summary(overload.taken).p50)}, p99 ${ms(summary(overload.taken).p99)}), ${overload.shed.length} shed with 503 overloaded${overload.shed.length ? ` (p50 ${ms(summary(overload.shed).p50)}, p99 ${ms(summary(overload.shed).p99)})` : ""}`,
       `size: build/index_bg.wasm ${b.wasmRaw} bytes raw (${(b.wasmRaw / 1024).toFixed(0)} KiB), ${b.wasmGzip} bytes gzipped (${(b.wasmGzip / 1024).toFixed(0)} KiB)`,
     ];
     console.log("\n== bench: Worker end to end (local workerd)");
     for (const line of [...conditionLines, "", ...figureLines]) console.log(line);
     if (lines.length < expected) console.log(`note: ${lines.length} of ${expected} log lines were captured`);
-    if (origin.received < 2 * (WARMUP + CALLS) + THROUGHPUT_CALLS) {
-      throw new Error(`the origin received ${origin.received} requests, expected ${2 * (WARMUP + CALLS) + THROUGHPUT_CALLS}`);
+    const forwarded = 2 * (WARMUP + CALLS) + THROUGHPUT_CALLS + overload.taken.length;
+    if (origin.received < forwarded) {
+      throw new Error(`the origin received ${origin.received} requests, expected ${forwarded}`);
     }
 
     if (process.env.BENCH_README === "1") writeReadme(conditionLines, figureLines);
+    if (process.env.BENCH_JSON === "1") {
+      const taken = summary(overload.taken);
+      console.log(
+        JSON.stringify({
+          commit: before.commit,
+          load_before: before.load,
+          load_after: after,
+          p50_ms: c.p50,
+          p99_ms: c.p99,
+          passthrough_p50_ms: p.p50,
+          passthrough_p99_ms: p.p99,
+          p50_ratio: c.p50 / p.p50,
+          p99_ratio: c.p99 / p.p99,
+          assignments_per_s: rate,
+          worker_ms_median: o ? o.p50 : null,
+          worker_ms_mean: o ? o.mean : null,
+          cpu_ms_per_webhook: cpu.callfence,
+          passthrough_cpu_ms_per_webhook: cpu.passthrough,
+          dispatcher: profile,
+          overload: {
+            calls: OVERLOAD_CALLS,
+            concurrency: OVERLOAD_CONCURRENCY,
+            taken: overload.taken.length,
+            shed: overload.shed.length,
+            taken_p50_ms: taken.p50,
+            taken_p99_ms: taken.p99,
+          },
+          wasm_raw_bytes: b.wasmRaw,
+          wasm_gzip_bytes: b.wasmGzip,
+        }),
+      );
+    }
   } finally {
     stopBeating();
     await passthrough.dispose();

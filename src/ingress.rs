@@ -1,15 +1,18 @@
-//! Carrier ingress after verification: ask the Dispatcher, forward within
-//! the budget, report the outcome, answer Telnyx (SPEC §7).
+//! Carrier ingress after verification: hand the webhook to the Dispatcher,
+//! which decides, forwards, applies the outcome and answers, all in one
+//! round trip (SPEC §7; `dispatcher::deliver`).
 //!
-//! The forward and its report run under `ctx.waitUntil`, so a carrier that
-//! hangs up mid-way cannot cancel them; the request awaits their result
-//! through a channel. The carrier's answer does not wait for the report
-//! when the origin's answer already decides it
-//! ([`OutcomeClass::early_answer`](callfence_core::outcome::OutcomeClass::early_answer)):
-//! a delivery is answered 200 and an ambiguous outcome 503
-//! `delivery_unknown` at once, while the report follows in the background.
-//! Only a definite non-delivery waits for the Dispatcher, which may hand
-//! over a new owner to forward to at once while the budget allows.
+//! The Dispatcher call runs under `ctx.waitUntil`, so a carrier that hangs
+//! up mid-way cannot cancel the forward or its report; the request awaits
+//! its result through a channel, for at most the forward budget plus
+//! [`ANSWER_MARGIN_MS`] from the webhook's arrival (a Dispatcher that never
+//! answers gets the carrier a 503 `dispatcher_unavailable` inside its 2 s).
+//!
+//! A Dispatcher one protocol version behind answers with a forward for the
+//! Worker to make, as before: the Worker then forwards and reports itself.
+//! Its answer to the carrier does not wait for that report when the
+//! origin's answer already decides it
+//! ([`OutcomeClass::early_answer`](callfence_core::outcome::OutcomeClass::early_answer)).
 //!
 //! The request's log line gets `wait_ms`: the time spent awaiting the
 //! Dispatcher and the origin, so that `ms - wait_ms` is the time spent in
@@ -24,16 +27,15 @@ use crate::protocol::{self, Next, Reply, Request as ProtocolRequest, Unavailable
 use crate::refusal::Refusal;
 use crate::reply::{Answer, ApiError};
 use callfence_core::engine::{Forward, Report};
-use callfence_core::outcome::EarlyAnswer;
+use callfence_core::outcome::{EarlyAnswer, MAX_FORWARDS_PER_WEBHOOK};
 use callfence_core::telnyx::Envelope;
 use futures_channel::oneshot;
 use serde_json::json;
-use std::rc::Rc;
 use worker::{Context, Env, Request};
 
-/// At most this many forwards for one webhook (first owner, then new owners
-/// after definite non-deliveries).
-const MAX_HOPS: usize = 3;
+/// How long past the forward budget the Worker waits for the Dispatcher's
+/// answer to a webhook (the report and the answer's way back).
+pub const ANSWER_MARGIN_MS: i64 = 300;
 
 /// The Telnyx headers stored with the event and carried to the origin.
 pub fn carried_headers(req: &Request) -> Vec<(String, String)> {
@@ -49,61 +51,90 @@ pub fn carried_headers(req: &Request) -> Vec<(String, String)> {
         .collect()
 }
 
-/// What one hop ended with.
-enum Hop {
-    /// The carrier's answer is known (the report goes on in the background).
-    Answered(Answer),
-    /// The Dispatcher's reply to the report.
-    Reported(Result<Reply<Next>, Unavailable>),
+/// A verified webhook.
+pub struct Webhook {
+    /// Its parsed envelope.
+    pub envelope: Envelope,
+    /// Its raw body.
+    pub body: Vec<u8>,
+    /// Its Telnyx headers.
+    pub headers: Vec<(String, String)>,
+    /// When the Worker received it.
+    pub received_at_ms: i64,
 }
 
-/// Handles a verified webhook: its parsed `envelope` and raw `body`.
+/// What one hop ended with.
+enum Hop {
+    /// The carrier's answer is known (a report may go on in the background).
+    Answered(Answer),
+    /// The Dispatcher's reply (to the webhook, or to a report).
+    Replied(Result<Reply<Next>, Unavailable>),
+}
+
+/// Handles a verified webhook.
 pub async fn handle(
     env: &Env,
     ctx: &Context,
     config: &IngressConfig,
-    envelope: Envelope,
-    body: Vec<u8>,
-    headers: Vec<(String, String)>,
+    webhook: Webhook,
     log: &mut RequestLog,
 ) -> Result<Answer, ApiError> {
-    let started = now_ms();
     let budget = i64::from(config.forward_timeout_ms);
-    let body: Rc<[u8]> = body.into();
+    let received_at = webhook.received_at_ms;
     let request = ProtocolRequest::Webhook {
-        envelope: Some(envelope),
-        headers,
-        sent_at_ms: Some(now_ms()),
+        envelope: Some(webhook.envelope),
+        headers: webhook.headers,
+        received_at_ms: Some(received_at),
     };
+    let deadline = (received_at + budget + ANSWER_MARGIN_MS - now_ms()).max(1);
     let asked = now_ms();
-    let mut reply = protocol::call::<Next>(env, &request, &body).await;
+    let (env_owned, body) = (env.clone(), webhook.body);
+    let (mut hop, _) = run_detached(ctx, async move {
+        let reply = protocol::call_within(&env_owned, &request, &body, deadline).await;
+        (Hop::Replied(reply), 0)
+    })
+    .await;
     log.waited(now_ms() - asked);
-    for _ in 0..MAX_HOPS {
-        let mut forward = match reply {
-            Ok(Reply::Done(Next::Forward(f))) => *f,
-            Ok(Reply::Done(Next::Answer(answer))) => return Ok(Answer::ok(answer)),
-            Ok(Reply::Refused(refused)) => return Ok(Answer::refused(refused)),
-            Err(_) => return Err(ApiError::dispatcher_unavailable()),
-        };
-        if forward.body.is_empty() {
-            // The Dispatcher elides the body when it is the one we sent.
-            forward.body = String::from_utf8_lossy(&body).into_owned();
-        }
-        let left = budget - (now_ms() - started);
-        let (hop, waited) = forward_and_report(env, ctx, config, forward, left).await;
-        log.waited(waited);
-        match hop {
+    for _ in 0..MAX_FORWARDS_PER_WEBHOOK {
+        let forward = match hop {
             Hop::Answered(answer) => return Ok(answer),
-            Hop::Reported(next) => reply = next,
-        }
+            Hop::Replied(Ok(Reply::Done(Next::Forward(f)))) => *f,
+            Hop::Replied(Ok(Reply::Done(Next::Answer(answer)))) => return Ok(Answer::ok(answer)),
+            Hop::Replied(Ok(Reply::Refused(refused))) => return Ok(Answer::refused(refused)),
+            Hop::Replied(Err(_)) => return Err(ApiError::dispatcher_unavailable()),
+        };
+        // A version 1 Dispatcher: forward and report here.
+        let left = budget - (now_ms() - received_at);
+        let (next, waited) = forward_and_report(env, ctx, config, forward, left).await;
+        log.waited(waited);
+        hop = next;
     }
-    // Still being moved after MAX_HOPS: the alarm finishes the job.
+    // Still being moved after the hop limit: the alarm finishes the job.
     Ok(Answer::refusal(&Refusal::Reassigned))
 }
 
-/// Forwards under `waitUntil` and reports the outcome. Returns as soon as
-/// the carrier's answer is known, with the milliseconds spent awaiting the
-/// origin (and the Dispatcher, when the report had to be awaited).
+/// Runs `work` under `waitUntil` (so the carrier hanging up cannot cancel
+/// it) and awaits its result.
+async fn run_detached(
+    ctx: &Context,
+    work: impl std::future::Future<Output = (Hop, i64)> + 'static,
+) -> (Hop, i64) {
+    let (tx, rx) = oneshot::channel();
+    ctx.wait_until(async move {
+        let _ = tx.send(work.await);
+    });
+    rx.await.unwrap_or_else(|_| {
+        (
+            Hop::Replied(Err(Unavailable("the answer was lost".into()))),
+            0,
+        )
+    })
+}
+
+/// Forwards under `waitUntil` and reports the outcome (for a version 1
+/// Dispatcher). Returns as soon as the carrier's answer is known, with the
+/// milliseconds spent awaiting the origin (and the Dispatcher, when the
+/// report had to be awaited).
 async fn forward_and_report(
     env: &Env,
     ctx: &Context,
@@ -145,12 +176,12 @@ async fn forward_and_report(
         let reply = protocol::call::<Next>(&env, &request, b"").await;
         if let Some(tx) = tx {
             let waited = origin_wait + (now_ms() - reporting);
-            let _ = tx.send((Hop::Reported(reply), waited));
+            let _ = tx.send((Hop::Replied(reply), waited));
         }
     });
     rx.await.unwrap_or_else(|_| {
         (
-            Hop::Reported(Err(Unavailable("the report was lost".into()))),
+            Hop::Replied(Err(Unavailable("the report was lost".into()))),
             0,
         )
     })

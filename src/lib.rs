@@ -69,7 +69,7 @@ pub use dispatcher::Dispatcher;
 async fn fetch(req: Request, env: Env, ctx: Context) -> worker::Result<Response> {
     let started = clock::now_ms();
     let mut log = log::RequestLog::new(&raw_method(&req), &req.path());
-    let response = match serve(req, &env, &ctx, &mut log).await {
+    let response = match serve(req, &env, &ctx, &mut log, started).await {
         Ok(response) => Ok(response),
         Err(error) => {
             log.error(error.code);
@@ -81,12 +81,14 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> worker::Result<Response>
     Ok(response)
 }
 
-/// Serves one request (see the crate's request pipeline).
+/// Serves one request (see the crate's request pipeline) that arrived at
+/// `received_at_ms`.
 pub async fn serve(
     mut req: Request,
     env: &Env,
     ctx: &Context,
     log: &mut log::RequestLog,
+    received_at_ms: i64,
 ) -> Result<Response, ApiError> {
     let method = raw_method(&req);
     let path = req.path();
@@ -173,7 +175,13 @@ pub async fn serve(
                 }
             }
             let headers = ingress::carried_headers(&req);
-            ingress::handle(env, ctx, ingress, envelope, body, headers, log).await?
+            let webhook = ingress::Webhook {
+                envelope,
+                body,
+                headers,
+                received_at_ms,
+            };
+            ingress::handle(env, ctx, ingress, webhook, log).await?
         }
     };
     if answer.status >= 400 {

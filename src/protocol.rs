@@ -106,10 +106,13 @@ pub enum Request {
         envelope: Option<Envelope>,
         /// The Telnyx headers to store and carry.
         headers: Vec<(String, String)>,
-        /// When the Worker sent it, by its clock (for shedding under
-        /// overload, [`callfence_core::admission`]; absent from version 1).
+        /// When the Worker received it, by its clock: for shedding under
+        /// overload ([`callfence_core::admission`]) and the forward budget.
+        /// Absent from version 1, whose Worker forwards and reports itself;
+        /// present, the Dispatcher forwards the event itself and answers
+        /// with the outcome.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        sent_at_ms: Option<i64>,
+        received_at_ms: Option<i64>,
     },
     /// The outcome of a forward.
     Report {
@@ -582,13 +585,24 @@ fn needs_v1(http_status: u16, body: &[u8]) -> bool {
         })
 }
 
-/// Sends one request to the Dispatcher and reads its answer. Every failure
-/// on the way (no binding, the stub throwing, a malformed answer, the
-/// deadline) is [`Unavailable`].
+/// Sends one request to the Dispatcher and reads its answer within
+/// [`DEADLINE_MS`]. Every failure on the way (no binding, the stub throwing,
+/// a malformed answer, the deadline) is [`Unavailable`].
 pub async fn call<T: DeserializeOwned>(
     env: &worker::Env,
     request: &Request,
     payload: &[u8],
+) -> Result<Reply<T>, Unavailable> {
+    call_within(env, request, payload, DEADLINE_MS as i64).await
+}
+
+/// [`call`] with its own deadline (a webhook's answer includes the
+/// Dispatcher's forward, so it may take the forward budget and a margin).
+pub async fn call_within<T: DeserializeOwned>(
+    env: &worker::Env,
+    request: &Request,
+    payload: &[u8],
+    deadline_ms: i64,
 ) -> Result<Reply<T>, Unavailable> {
     let failed = |e: worker::Error| Unavailable(e.to_string());
     let stub = env
@@ -619,11 +633,12 @@ pub async fn call<T: DeserializeOwned>(
         }
         decode_reply(status, &body)
     };
-    let deadline = worker::Delay::from(std::time::Duration::from_millis(DEADLINE_MS));
+    let deadline_ms = deadline_ms.max(1) as u64;
+    let deadline = worker::Delay::from(std::time::Duration::from_millis(deadline_ms));
     let raced = select(Box::pin(answer), Box::pin(deadline)).await;
     match raced {
         Either::Left((reply, _)) => reply,
-        Either::Right(_) => Err(Unavailable(format!("no answer within {DEADLINE_MS} ms"))),
+        Either::Right(_) => Err(Unavailable(format!("no answer within {deadline_ms} ms"))),
     }
 }
 

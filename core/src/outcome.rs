@@ -17,6 +17,11 @@ pub enum OriginAnswer {
     NetworkError,
 }
 
+/// At most this many forwards for one webhook: the first owner, then new
+/// owners after definite non-deliveries while the budget allows (a call still
+/// moving after that is answered 503 `reassigned` and the alarm delivers).
+pub const MAX_FORWARDS_PER_WEBHOOK: usize = 3;
+
 /// The largest origin body recorded with an outcome.
 pub const MAX_RECORDED_BODY: usize = 4096;
 

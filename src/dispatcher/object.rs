@@ -2,14 +2,14 @@
 //! the `fetch` that decodes a protocol message and answers it, and the
 //! alarm that re-drives, re-evaluates, sweeps and prunes.
 
-use super::ops;
+use super::deliver;
+use super::ops::{self, Served};
 use super::profile::{OpProfile, Profile};
 use super::store::DoStore;
 use crate::clock::now_ms;
 use crate::config::Config;
-use crate::forward;
 use crate::protocol;
-use callfence_core::engine::{Engine, Report};
+use callfence_core::engine::{Engine, EngineError};
 use callfence_core::store::migrate;
 use std::cell::{Cell, RefCell};
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
@@ -65,11 +65,32 @@ impl DurableObject for Dispatcher {
         let decoded = now_ms();
         let config = Config::get(&self.env);
         let media = config.node_routes.as_ref().ok().map(|n| &n.media);
-        let reply = {
+        let served = {
             let profile = self.profile.borrow();
             ops::serve(&self.engine, media, &profile, &message, decoded)
         }
-        .map_err(|e| worker::Error::RustError(e.to_string()))?;
+        .map_err(rust_error)?;
+        let (reply, origin_ms) = match served {
+            Served::Reply(reply) => (reply, 0),
+            Served::Deliver {
+                forward,
+                received_at_ms,
+            } => {
+                let ingress = config
+                    .ingress
+                    .as_ref()
+                    .map_err(|_| worker::Error::RustError("ingress is misconfigured".into()))?;
+                deliver::deliver(
+                    &self.engine,
+                    &ingress.edge,
+                    i64::from(ingress.forward_timeout_ms),
+                    *forward,
+                    received_at_ms,
+                )
+                .await
+                .map_err(rust_error)?
+            }
+        };
         let served = now_ms();
         let alarm_api_calls = if message.request.changes_state() {
             self.arm().await?
@@ -84,7 +105,8 @@ impl DurableObject for Dispatcher {
                 count: 1,
                 total_ms: done - arrived,
                 decode_ms: decoded - arrived,
-                serve_ms: served - decoded,
+                serve_ms: served - decoded - origin_ms,
+                origin_ms,
                 sql_ms: sql_ms - spent_before.1,
                 statements: statements - spent_before.0,
                 arm_ms: done - served,
@@ -103,25 +125,15 @@ impl DurableObject for Dispatcher {
             .poll_alarm(now_ms())
             .map_err(|e| worker::Error::RustError(e.to_string()))?;
         let config = Config::get(&self.env);
+        let mut origin_ms = 0;
         if let Ok(ingress) = &config.ingress {
+            let budget = i64::from(ingress.forward_timeout_ms);
             for f in work.forwards {
-                let answer = forward::send(
-                    &f,
-                    &ingress.edge,
-                    i64::from(ingress.forward_timeout_ms),
-                    now_ms(),
-                )
-                .await;
-                let report = Report {
-                    event_id: f.event_id,
-                    epoch: f.epoch,
-                    attempt: f.attempt,
-                    answer,
-                    budget_left_ms: 0,
-                };
-                self.engine
-                    .handle_report(&report, now_ms())
-                    .map_err(|e| worker::Error::RustError(e.to_string()))?;
+                let (_, waited) =
+                    deliver::send_and_report(&self.engine, &ingress.edge, &f, budget, false)
+                        .await
+                        .map_err(rust_error)?;
+                origin_ms += waited;
             }
         }
         let armed = now_ms();
@@ -133,7 +145,8 @@ impl DurableObject for Dispatcher {
             &OpProfile {
                 count: 1,
                 total_ms: done - arrived,
-                serve_ms: armed - arrived,
+                serve_ms: armed - arrived - origin_ms,
+                origin_ms,
                 sql_ms: sql_ms - spent_before.1,
                 statements: statements - spent_before.0,
                 arm_ms: done - armed,
@@ -174,6 +187,11 @@ impl Dispatcher {
             }
         }
     }
+}
+
+/// An engine failure, thrown: the Worker answers `dispatcher_unavailable`.
+fn rust_error(e: EngineError) -> worker::Error {
+    worker::Error::RustError(e.to_string())
 }
 
 /// A protocol answer with its HTTP status.

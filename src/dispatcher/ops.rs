@@ -10,7 +10,7 @@ use crate::protocol::{
 use crate::refusal::{DocumentRefusal, Refusal};
 use callfence_core::admission;
 use callfence_core::engine::{
-    BadRequest, ClaimReply, ClaimRequest, Engine, EngineError, FenceReply, FenceRequest,
+    BadRequest, ClaimReply, ClaimRequest, Engine, EngineError, FenceReply, FenceRequest, Forward,
     HeartbeatRefusal, Ingress, MediaReply, MediaVerifyRequest, PendingReason, PreviewRequest,
     ReportEffect,
 };
@@ -22,6 +22,42 @@ use serde_json::json;
 
 /// An operation's outcome before encoding: its result, or a refusal.
 type Outcome = Result<String, Refusal>;
+
+/// What [`serve`] leaves to the Durable Object.
+#[derive(Debug)]
+pub enum Served {
+    /// The encoded answer.
+    Reply(String),
+    /// A version 2 webhook whose event must be forwarded now: the Durable
+    /// Object sends it itself ([`super::deliver`]) and answers with what the
+    /// reports make of it.
+    Deliver {
+        /// The first forward.
+        forward: Box<Forward>,
+        /// When the Worker received the webhook, by its clock.
+        received_at_ms: i64,
+    },
+}
+
+/// The way forward after a report: the carrier's answer, a new owner to
+/// forward to, or a refusal.
+pub fn report_way(effect: ReportEffect) -> Result<Next, Refusal> {
+    match effect {
+        ReportEffect::Delivered(d) => Ok(Next::Answer(json!(d))),
+        ReportEffect::Reassigned(Some(f)) => Ok(Next::Forward(Box::new(f))),
+        ReportEffect::Reassigned(None) => Err(Refusal::Reassigned),
+        ReportEffect::Unknown => Err(Refusal::DeliveryUnknown),
+        ReportEffect::Parked(reason) => Err(Refusal::Pending(reason)),
+    }
+}
+
+/// A refusal or a result, encoded.
+pub fn encode(way: Result<Next, Refusal>) -> String {
+    match way {
+        Ok(next) => protocol::encode_done(&next),
+        Err(refusal) => refusal.encode(),
+    }
+}
 
 fn done(result: &impl Serialize) -> Outcome {
     Ok(protocol::encode_done(result))
@@ -36,7 +72,7 @@ pub fn serve<S: Store>(
     profile: &Profile,
     message: &Message,
     now_ms: i64,
-) -> Result<String, EngineError> {
+) -> Result<Served, EngineError> {
     let (request, payload) = (&message.request, message.payload.as_slice());
     let outcome = match request {
         Request::Ping => done(&Documents {
@@ -52,22 +88,24 @@ pub fn serve<S: Store>(
         Request::Webhook {
             envelope,
             headers,
-            sent_at_ms,
+            received_at_ms,
         } => {
-            if admission::admits_webhook(*sent_at_ms, now_ms) {
-                let elide = message.version >= 2;
-                webhook(engine, envelope.as_ref(), headers, payload, elide, now_ms)?
-            } else {
+            if !admission::admits_webhook(*received_at_ms, now_ms) {
                 Err(Refusal::Overloaded)
+            } else {
+                match webhook(engine, envelope.as_ref(), headers, payload, now_ms)? {
+                    // A version 1 Worker forwards and reports itself.
+                    Ok(Next::Forward(forward)) if received_at_ms.is_some() => {
+                        return Ok(Served::Deliver {
+                            forward,
+                            received_at_ms: received_at_ms.unwrap_or(now_ms),
+                        })
+                    }
+                    way => Ok(encode(way)),
+                }
             }
         }
-        Request::Report { report } => next(match engine.handle_report(report, now_ms)? {
-            ReportEffect::Delivered(d) => Ok(Next::Answer(json!(d))),
-            ReportEffect::Reassigned(Some(f)) => Ok(Next::Forward(Box::new(f))),
-            ReportEffect::Reassigned(None) => Err(Refusal::Reassigned),
-            ReportEffect::Unknown => Err(Refusal::DeliveryUnknown),
-            ReportEffect::Parked(reason) => Err(Refusal::Pending(reason)),
-        }),
+        Request::Report { report } => Ok(encode(report_way(engine.handle_report(report, now_ms)?))),
         Request::Heartbeat {
             node,
             kid,
@@ -157,12 +195,9 @@ pub fn serve<S: Store>(
         },
         Request::Profile => done(profile),
     };
-    Ok(outcome.unwrap_or_else(|refusal| refusal.encode()))
-}
-
-/// A webhook or report's way forward, encoded.
-fn next(way: Result<Next, Refusal>) -> Outcome {
-    way.and_then(|next| done(&next))
+    Ok(Served::Reply(
+        outcome.unwrap_or_else(|refusal| refusal.encode()),
+    ))
 }
 
 /// A verified webhook: the Worker's envelope (a version 1 Worker sent none:
@@ -172,9 +207,8 @@ fn webhook<S: Store>(
     envelope: Option<&Envelope>,
     headers: &[(String, String)],
     payload: &[u8],
-    elide_body: bool,
     now_ms: i64,
-) -> Result<Outcome, EngineError> {
+) -> Result<Result<Next, Refusal>, EngineError> {
     let parsed;
     let envelope = match envelope {
         Some(envelope) => envelope,
@@ -190,15 +224,9 @@ fn webhook<S: Store>(
         return Ok(Err(Refusal::BadEnvelope));
     };
     let event_id = &envelope.event_id;
-    Ok(next(
+    Ok(
         match engine.handle_webhook(envelope, body, headers, now_ms)? {
-            Ingress::Forward(mut f) => {
-                // The Worker has these very bytes: they need not travel back.
-                if elide_body && f.body.as_bytes() == payload {
-                    f.body.clear();
-                }
-                Ok(Next::Forward(Box::new(f)))
-            }
+            Ingress::Forward(f) => Ok(Next::Forward(Box::new(f))),
             Ingress::Delivered(d) => Ok(Next::Answer(json!(d))),
             Ingress::Ignored => Ok(Next::Answer(json!({"ignored": true, "event_id": event_id}))),
             Ingress::Unroutable => Ok(Next::Answer(
@@ -208,7 +236,7 @@ fn webhook<S: Store>(
             Ingress::Pending(reason) => Err(Refusal::Pending(reason)),
             Ingress::Rejected => Err(Refusal::Pending(PendingReason::NoEligibleNode)),
         },
-    ))
+    )
 }
 
 /// True when the request's node and key id are in the current registry
@@ -248,15 +276,24 @@ mod tests {
         }
     }
 
+    fn answer_of(served: Served) -> String {
+        match served {
+            Served::Reply(body) => body,
+            Served::Deliver { .. } => panic!("a forward, not a reply"),
+        }
+    }
+
     fn run(engine: &Engine<SqliteStore>, request: Request, payload: &str) -> Reply<View> {
-        let body = serve(
-            engine,
-            None,
-            &Profile::default(),
-            &message(request, payload.as_bytes()),
-            1_796_000_000_000,
-        )
-        .unwrap();
+        let body = answer_of(
+            serve(
+                engine,
+                None,
+                &Profile::default(),
+                &message(request, payload.as_bytes()),
+                1_796_000_000_000,
+            )
+            .unwrap(),
+        );
         decode_reply(200, body.as_bytes()).unwrap()
     }
 
@@ -273,14 +310,16 @@ mod tests {
     #[test]
     fn ping_reports_which_documents_exist() {
         let e = engine();
-        let body = serve(
-            &e,
-            None,
-            &Profile::default(),
-            &message(Request::Ping, b""),
-            0,
-        )
-        .unwrap();
+        let body = answer_of(
+            serve(
+                &e,
+                None,
+                &Profile::default(),
+                &message(Request::Ping, b""),
+                0,
+            )
+            .unwrap(),
+        );
         assert_eq!(
             decode_reply::<Documents>(200, body.as_bytes()).unwrap(),
             Reply::Done(Documents {
@@ -403,16 +442,18 @@ mod tests {
         let request = Request::Webhook {
             envelope: None,
             headers: Vec::new(),
-            sent_at_ms: None,
+            received_at_ms: None,
         };
-        let reply = serve(
-            &e,
-            None,
-            &Profile::default(),
-            &message(request.clone(), body.as_bytes()),
-            1_796_000_000_000,
-        )
-        .unwrap();
+        let reply = answer_of(
+            serve(
+                &e,
+                None,
+                &Profile::default(),
+                &message(request.clone(), body.as_bytes()),
+                1_796_000_000_000,
+            )
+            .unwrap(),
+        );
         match decode_reply::<View>(200, reply.as_bytes()).unwrap() {
             Reply::Refused(r) => {
                 assert_eq!((r.status, r.retry_after_s), (503, Some(1)));
@@ -420,7 +461,8 @@ mod tests {
             }
             Reply::Done(d) => panic!("{d:?}"),
         }
-        let reply = serve(&e, None, &Profile::default(), &message(request, b"{}"), 0).unwrap();
+        let reply =
+            answer_of(serve(&e, None, &Profile::default(), &message(request, b"{}"), 0).unwrap());
         assert_eq!(
             refusal(decode_reply(200, reply.as_bytes()).unwrap()),
             (400, "bad_envelope".into())

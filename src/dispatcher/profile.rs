@@ -21,8 +21,12 @@ pub struct OpProfile {
     pub total_ms: i64,
     /// Reading the body and decoding the message.
     pub decode_ms: i64,
-    /// The engine's work and encoding the answer (SQL included).
+    /// The engine's work and encoding the answer (SQL included, awaiting
+    /// origins excluded).
     pub serve_ms: i64,
+    /// Awaiting origins (the Dispatcher's own forwards: webhooks of a
+    /// version 2 Worker, the alarm's re-drives).
+    pub origin_ms: i64,
     /// Inside SQL statements (binding, running, reading rows back).
     pub sql_ms: i64,
     /// SQL statements run.
@@ -40,6 +44,7 @@ impl OpProfile {
         self.total_ms += other.total_ms;
         self.decode_ms += other.decode_ms;
         self.serve_ms += other.serve_ms;
+        self.origin_ms += other.origin_ms;
         self.sql_ms += other.sql_ms;
         self.statements += other.statements;
         self.arm_ms += other.arm_ms;

@@ -161,10 +161,7 @@ pub struct Forward {
     pub epoch: u64,
     /// The attempt number (1 for the first send).
     pub attempt: u32,
-    /// The stored raw body, unchanged. On the Worker ↔ Dispatcher wire an
-    /// absent body means "the payload the Worker sent with its request",
-    /// which it then is byte for byte.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// The stored raw body, unchanged.
     pub body: String,
     /// The stored Telnyx headers (`content-type`, `telnyx-signature-ed25519`,
     /// `telnyx-timestamp`), unchanged.
