@@ -66,6 +66,12 @@ function el(tag, props, ...kids) {
   return e;
 }
 
+/** Replaces `node`'s children; null and false among `kids` are skipped
+ * (replaceChildren itself would write them as text). */
+function setKids(node, ...kids) {
+  node.replaceChildren(...kids.flat().filter((k) => k != null && k !== false));
+}
+
 const chip = (text, kind) => el("span", { class: kind ? `chip ${kind}` : "chip" }, text);
 
 /** "12 s", "4 m", "1 h 58 m", "2 d 3 h". */
@@ -177,6 +183,7 @@ async function loadToken(value) {
   $("token-state").textContent = session.kind === "admin" ? "admin token loaded" : "policy token loaded";
   $("token-state").className = "chip ok";
   $("forget").classList.remove("hidden");
+  $("auth").classList.add("hidden");
   $("app").classList.remove("hidden");
   setMessage("");
   view.status = status.body;
@@ -198,6 +205,7 @@ function forget() {
   $("revision-view").classList.add("hidden");
   $("app").classList.add("hidden");
   $("forget").classList.add("hidden");
+  $("auth").classList.remove("hidden");
   $("token-state").textContent = "no token";
   $("token-state").className = "chip";
   setMessage("Token forgotten. Enter a policy or admin token to see the routing.");
@@ -209,7 +217,7 @@ const view = { status: null, policy: null, decisions: [], refreshedAt: null, ope
 
 function markRefreshed(error) {
   view.refreshedAt = error ? view.refreshedAt : new Date().toISOString();
-  $("refreshed").replaceChildren(
+  setKids($("refreshed"), 
     error ? el("span", { class: "bad" }, `refresh failed (${error}); `) : "",
     view.refreshedAt ? when(view.refreshedAt, "refreshed ") : "");
 }
@@ -254,10 +262,10 @@ function renderStatus() {
     banner.textContent = "Preview, not operative: no webhook has reached this deployment yet, so where calls would go is a prediction.";
   } else {
     banner.className = "banner ok";
-    banner.replaceChildren("Operative · last webhook ", when(s.engine.last_webhook_at));
+    setKids(banner, "Operative · last webhook ", when(s.engine.last_webhook_at));
   }
   const c = s.counts;
-  $("summary").replaceChildren(
+  setKids($("summary"), 
     el("span", {}, "policy revision ", el("b", {}, s.policy_revision ?? "none")),
     el("span", {}, "registry revision ", el("b", {}, s.nodes_revision ?? "none")),
     el("span", {}, "routing hash ", el("code", { title: s.routing_hash || "" }, shortSha(s.routing_hash) || "—")),
@@ -266,12 +274,12 @@ function renderStatus() {
   renderLines(s);
   renderOverrides(s);
   renderNodes(s);
-  $("node-names").replaceChildren(...s.nodes.map((n) => el("option", { value: n.node })));
+  setKids($("node-names"), ...s.nodes.map((n) => el("option", { value: n.node })));
 }
 
 function renderLines(s) {
   if (!s.lines.length) {
-    $("lines").replaceChildren(el("p", { class: "muted" }, "No lines in the policy: every call prefers the default node."));
+    setKids($("lines"), el("p", { class: "muted" }, "No lines in the policy: every call prefers the default node."));
     return;
   }
   const rows = s.lines.map((l) => el("tr", { "data-line": l.line_id },
@@ -283,14 +291,14 @@ function renderLines(s) {
         : el("span", { class: "bad" }, "no eligible node: calls wait, then are rejected")),
     el("td", { "data-label": "Configured fallback" }, l.fallback_node ? el("b", {}, l.fallback_node) : el("span", { class: "muted" }, "none (default node)")),
     el("td", { "data-label": "Why" }, l.fallback_in_use ? passedOver(l.reasons) : el("span", { class: "muted" }, "the preferred node is eligible"))));
-  $("lines").replaceChildren(el("table", {},
+  setKids($("lines"), el("table", {},
     el("thead", {}, el("tr", {}, ["Line", "Policy", "Next call", "Configured fallback", "Why"].map((h) => el("th", {}, h)))),
     el("tbody", {}, rows)));
 }
 
 function renderOverrides(s) {
   if (!s.overrides.length) {
-    $("overrides").replaceChildren(el("p", { class: "muted" }, "No caller overrides."));
+    setKids($("overrides"), el("p", { class: "muted" }, "No caller overrides."));
     return;
   }
   const rows = s.overrides.map((o) => el("tr", { "data-caller": o.caller },
@@ -299,7 +307,7 @@ function renderOverrides(s) {
     el("td", { "data-label": "Note", class: "note" }, o.note ?? el("span", { class: "muted" }, "—")),
     el("td", { "data-label": "Expires" }, o.expired ? chip("expired", "bad") : when(o.expires_at, "expires ")),
     el("td", { "data-label": "Created" }, when(o.created_at))));
-  $("overrides").replaceChildren(el("table", {},
+  setKids($("overrides"), el("table", {},
     el("thead", {}, el("tr", {}, ["Caller", "Policy", "Note", "Expires", "Created"].map((h) => el("th", {}, h)))),
     el("tbody", {}, rows)));
 }
@@ -310,7 +318,7 @@ function renderNodes(s) {
   $("nodes-note").textContent = session.kind === "admin"
     ? "The operator drain writes the node registry by compare-and-set, after you confirm."
     : "A policy token sees the nodes' state but not the registry: draining needs an admin token.";
-  $("nodes").replaceChildren(...s.nodes.map((n) => {
+  setKids($("nodes"), ...s.nodes.map((n) => {
     const never = n.heartbeat_age_s == null;
     const heartbeat = never
       ? el("span", { class: "muted" }, "no heartbeat yet")
@@ -403,10 +411,10 @@ function renderDecisions() {
     ? `Decisions for call ${view.filter}, newest first (${view.decisions.length}).`
     : `The latest ${view.decisions.length} decisions, newest first.`;
   if (!view.decisions.length) {
-    $("decisions").replaceChildren(el("p", { class: "muted" }, "No decisions yet."));
+    setKids($("decisions"), el("p", { class: "muted" }, "No decisions yet."));
     return;
   }
-  $("decisions").replaceChildren(...view.decisions.map((d) => {
+  setKids($("decisions"), ...view.decisions.map((d) => {
     const fallback = d.chosen && d.prefers && d.chosen !== d.prefers;
     const details = el("details", { class: "decision", "data-decision": d.decision_id, open: view.openDecisions.has(d.decision_id) },
       el("summary", {}, when(d.at), " · ", el("span", { class: "mono" }, d.call_session_id ?? "—"), " · ",
@@ -502,8 +510,8 @@ const editor = {
     const def = $("default-node");
     def.value = d.default_node;
     def.oninput = () => { d.default_node = def.value.trim(); this.changed(); };
-    $("edit-lines").replaceChildren(...(d.lines.length ? d.lines.map((row) => this.lineRow(row)) : [el("p", { class: "muted" }, "No lines.")]));
-    $("edit-overrides").replaceChildren(...(d.overrides.length ? d.overrides.map((row) => this.overrideRow(row)) : [el("p", { class: "muted" }, "No overrides.")]));
+    setKids($("edit-lines"), ...(d.lines.length ? d.lines.map((row) => this.lineRow(row)) : [el("p", { class: "muted" }, "No lines.")]));
+    setKids($("edit-overrides"), ...(d.overrides.length ? d.overrides.map((row) => this.overrideRow(row)) : [el("p", { class: "muted" }, "No overrides.")]));
     this.noteServer(view.policy?.revision ?? this.base);
     this.showProblems();
     this.schedulePreview();
@@ -593,7 +601,7 @@ const editor = {
     for (const e of document.querySelectorAll("#editor .err-msg")) e.remove();
     for (const e of document.querySelectorAll("#editor [aria-invalid]")) e.removeAttribute("aria-invalid");
     const box = $("editor-problems");
-    box.replaceChildren();
+    setKids(box, );
     if (!problems.length) return;
     const targets = [...document.querySelectorAll("#editor [data-path]")];
     box.append(el("b", {}, `${problems.length} problem${problems.length === 1 ? "" : "s"}:`),
@@ -629,7 +637,7 @@ const editor = {
     const local = this.localProblems();
     if (local.length) {
       this.showProblems(local);
-      box.replaceChildren(el("span", { class: "bad" }, "Fix the problems above to preview."));
+      setKids(box, el("span", { class: "bad" }, "Fix the problems above to preview."));
       return BLOCKED;
     }
     const part = (lineId, caller) => ({
@@ -658,11 +666,11 @@ const editor = {
     this.showProblems(problems);
     const failed = answers.find((a) => a.r.status !== 200);
     if (failed) {
-      box.replaceChildren(el("span", { class: "bad" }, `Preview unavailable: ${describe(failed.r)}.`));
+      setKids(box, el("span", { class: "bad" }, `Preview unavailable: ${describe(failed.r)}.`));
       return BLOCKED;
     }
     if (problems.length) {
-      box.replaceChildren(el("span", { class: "bad" }, "The draft has problems (shown at their fields); saving would be refused."));
+      setKids(box, el("span", { class: "bad" }, "The draft has problems (shown at their fields); saving would be refused."));
       return INVALID_DRAFT;
     }
     let flags = 0;
@@ -690,7 +698,7 @@ const editor = {
             el("b", {}, a.r.body.chosen ?? "no eligible node"), ": ", passedOver(a.r.body.reasons))))
           : ` and would go to ${prefers} on every line ✓`);
     });
-    box.replaceChildren(
+    setKids(box, 
       flags ? el("p", { class: "warn" }, `⚠ ${flags} preferred node${flags === 1 ? "" : "s"} would be passed over under this draft.`) : el("p", { class: "ok" }, "Every line and override would reach its preferred node."),
       lineItems.length ? el("ul", {}, lineItems) : el("p", { class: "muted" }, "No lines."),
       overrideItems.length ? el("ul", {}, overrideItems) : null,
@@ -757,12 +765,12 @@ const editor = {
       this.baseDoc = theirs;
       this.draft = merged.draft;
       this.dirty = true;
-      box.replaceChildren(el("p", {}, `Your edits are now on revision ${theirs.revision}`,
+      setKids(box, el("p", {}, `Your edits are now on revision ${theirs.revision}`,
         merged.both.length ? ` (both of you changed ${merged.both.join(", ")}: your version is kept)` : "", ". Check the preview, then save."));
       this.render();
       $("save-result").textContent = "";
     });
-    box.replaceChildren(
+    setKids(box, 
       el("p", {}, el("b", {}, `Revision ${theirs.revision} was saved since you started from revision ${this.base}.`), " What changed meanwhile:"),
       el("ul", {}, changes.length ? changes.map((c) => el("li", {}, c)) : [el("li", {}, "nothing you can see in the form")]),
       reapply);

@@ -12,7 +12,7 @@
 //   showTab(page, name)             "guide" | "nodes" | "decisions" | "editor"
 //   waitText(page, selector, re)    until the element's text matches
 //   refreshed(page)                 the datetime of the last refresh
-//   shoot(page, name)               .screenshots/<name>.png (full page)
+//   shoot(page, name, {fullPage})   .screenshots/<name>.png (full page by default)
 //   noHorizontalScroll(page)        asserts the page is no wider than the window
 
 import assert from "node:assert/strict";
@@ -89,9 +89,9 @@ export const text = (page, selector) => page.$eval(selector, (e) => e.textConten
 
 export const refreshed = (page) => page.$eval("#refreshed time", (t) => t.getAttribute("datetime"));
 
-export async function shoot(page, name) {
+export async function shoot(page, name, { fullPage = true } = {}) {
   mkdirSync(SCREENSHOTS, { recursive: true });
-  await page.screenshot({ path: join(SCREENSHOTS, `${name}.png`), fullPage: true });
+  await page.screenshot({ path: join(SCREENSHOTS, `${name}.png`), fullPage });
 }
 
 export async function noHorizontalScroll(page) {

@@ -102,6 +102,8 @@ describe("the panel: token, routing guide and nodes", () => {
     const sales = status.lines.find((l) => l.line_id === "sales");
     assert.deepEqual([sales.prefers, sales.next_call_target, sales.reasons.M3], ["M3", "M1", ["admin_drained"]]);
     await shoot(page, "guide-desktop");
+    await page.setViewport({ width: 1040, height: 505 });
+    await shoot(page, "readme-guide", { fullPage: false }); // docs/panel.png
 
     const dark = await openPanel(browser, c.edge, { scheme: "dark" });
     t.after(() => dark.close());
