@@ -846,35 +846,40 @@ function diffPolicies(a, b) {
  * editor changed keeps the editor's version; every other entry follows
  * `theirs`. `both` names the entries both sides changed. */
 function mergeDrafts(draft, base, theirs) {
-  const both = [];
-  const mineLines = new Map(draft.lines.map((r) => [r.line_id, r]));
-  const lines = [];
-  for (const id of new Set([...mineLines.keys(), ...Object.keys(base?.by_line ?? {}), ...Object.keys(theirs.by_line)])) {
-    const mine = mineLines.get(id);
-    const b = base?.by_line?.[id];
-    const t = theirs.by_line[id];
-    if (!sameLine(mine && lineOf(mine), b)) {
-      if (!sameLine(b, t)) both.push(`line ${id}`);
-      if (mine) lines.push(mine);
-    } else if (t) lines.push(lineRowOf(id, t));
-  }
-  const mineOverrides = new Map(draft.overrides.map((r) => [r.caller, r]));
-  const overrides = [];
-  for (const c of new Set([...mineOverrides.keys(), ...Object.keys(base?.by_caller ?? {}), ...Object.keys(theirs.by_caller)])) {
-    const mine = mineOverrides.get(c);
-    const b = base?.by_caller?.[c];
-    const t = theirs.by_caller[c];
-    if (!sameOverride(mine && overrideOf(mine), b)) {
-      if (!sameOverride(b, t)) both.push(`the override for ${c}`);
-      if (mine) overrides.push(t && !durationOf(mine) ? { ...mine, expires_at: t.expires_at } : mine);
-    } else if (t) overrides.push(overrideRowOf(c, t));
-  }
+  const lines = mergeEntries({
+    mine: new Map(draft.lines.map((r) => [r.line_id, r])), base: base?.by_line, theirs: theirs.by_line,
+    same: sameLine, docOf: lineOf, rowOf: lineRowOf, label: (id) => `line ${id}`, keep: (mine) => mine,
+  });
+  const overrides = mergeEntries({
+    mine: new Map(draft.overrides.map((r) => [r.caller, r])), base: base?.by_caller, theirs: theirs.by_caller,
+    same: sameOverride, docOf: overrideOf, rowOf: overrideRowOf, label: (c) => `the override for ${c}`,
+    // An override whose expiry was not retyped keeps the one in force.
+    keep: (mine, t) => (t && !durationOf(mine) ? { ...mine, expires_at: t.expires_at } : mine),
+  });
+  const both = [...lines.both, ...overrides.both];
   let defaultNode = theirs.default_node;
   if (draft.default_node !== (base?.default_node ?? "")) {
     if ((base?.default_node ?? "") !== theirs.default_node) both.push("the default node");
     defaultNode = draft.default_node;
   }
-  return { draft: { default_node: defaultNode, lines, overrides }, both };
+  return { draft: { default_node: defaultNode, lines: lines.rows, overrides: overrides.rows }, both };
+}
+
+/** One side of mergeDrafts: the form's rows `mine` (by key) over the
+ * entries `base`, onto `theirs`. */
+function mergeEntries({ mine, base, theirs, same, docOf, rowOf, label, keep }) {
+  const rows = [];
+  const both = [];
+  for (const key of new Set([...mine.keys(), ...Object.keys(base ?? {}), ...Object.keys(theirs)])) {
+    const m = mine.get(key);
+    const b = base?.[key];
+    const t = theirs[key];
+    if (!same(m && docOf(m), b)) {
+      if (!same(b, t)) both.push(label(key));
+      if (m) rows.push(keep(m, t));
+    } else if (t) rows.push(rowOf(key, t));
+  }
+  return { rows, both };
 }
 
 // ---------------------------------------------------------------- wiring ----

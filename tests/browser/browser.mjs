@@ -4,6 +4,10 @@
 // browser: it is pointed at /usr/bin/chromium, or $CHROMIUM_BIN).
 //
 //   launch()                        one browser per test file
+//   browserSuite()                  launches one in before(), closes it in
+//                                   after(); answers open(t, c, opts): a
+//                                   panel page on cluster c, closed (with c)
+//                                   when test t ends
 //   openPanel(browser, edge, opts)  a fresh incognito page on the panel:
 //                                   {page, errors, close()} (errors: page
 //                                   errors and console errors); opts.width,
@@ -19,6 +23,7 @@ import assert from "node:assert/strict";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import puppeteer from "puppeteer-core";
+import { after, before } from "node:test";
 import { ROOT } from "../e2e/harness.mjs";
 
 export const CHROMIUM = process.env.CHROMIUM_BIN || "/usr/bin/chromium";
@@ -34,6 +39,25 @@ export async function launch() {
     headless: true,
     args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check", "--disable-extensions"],
   });
+}
+
+export function browserSuite() {
+  let browser;
+  before(async () => {
+    browser = await launch();
+  });
+  after(() => browser?.close());
+  return {
+    async open(t, c, pageOptions) {
+      const panel = await openPanel(browser, c.edge, pageOptions);
+      t.after(async () => {
+        await panel.close();
+        await c.dispose();
+      });
+      return { c, ...panel };
+    },
+    openPanel: (edge, pageOptions) => openPanel(browser, edge, pageOptions),
+  };
 }
 
 export async function openPanel(browser, edge, { width = 1280, height = 900, scheme = "light" } = {}) {

@@ -3,32 +3,25 @@
 // preview's flags, a stale save (412) reapplied, a 400 at its field, and
 // decisions filtered to one call with the revisions they cite.
 
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { admin, putDocument, waitFor } from "../e2e/fixtures.mjs";
-import { enterToken, launch, openPanel, refreshed, shoot, showTab, text, waitText } from "./browser.mjs";
+import { browserSuite, enterToken, refreshed, shoot, showTab, text, waitText } from "./browser.mjs";
 import { CALLER, SALES, beat, call, cluster } from "./panel.mjs";
 
 const HOUR = 3600e3;
 
 describe("the panel: policy editor and decision viewer", () => {
-  let browser;
-  before(async () => {
-    browser = await launch();
-  });
-  after(() => browser?.close());
+  const suite = browserSuite();
 
+  /** A cluster and the panel on its editor, with `token` loaded. */
   async function setup(t, options, token = "policyToken") {
-    const c = await cluster(options);
-    const panel = await openPanel(browser, c.edge);
-    t.after(async () => {
-      await panel.close();
-      await c.dispose();
-    });
+    const panel = await suite.open(t, await cluster(options));
+    const { c } = panel;
     await enterToken(panel.page, c.keys[token]);
     await showTab(panel.page, "editor");
     await panel.page.waitForSelector("#draft-preview ul");
-    return { c, ...panel };
+    return panel;
   }
 
   /** Replaces the value of an editor input. */
@@ -41,17 +34,23 @@ describe("the panel: policy editor and decision viewer", () => {
   }
 
   const lineField = (line, field) => `#edit-lines input[data-path="/by_line/${line}/${field}"]`;
+  /** Adds an override row and types into it (`hours`/`minutes` as text). */
+  async function addOverride(page, { caller, node, hours, minutes, note }) {
+    await page.click("#add-override");
+    const row = "#edit-overrides .editor-row:last-child";
+    await page.type(`${row} input[data-field="caller"]`, caller);
+    await page.type(`${row} input[data-field="preferred_node"]`, node);
+    if (hours) await page.type(`${row} input[aria-label="hours"]`, hours);
+    if (minutes) await page.type(`${row} input[aria-label="minutes"]`, minutes);
+    if (note) await page.type(`${row} input[data-field="note"]`, note);
+  }
+
   const policyNow = async (c) => (await admin(c.edge, "/v1/policy")).body;
 
   test("an override added with a 2-hour expiry is saved and shown with its time left", async (t) => {
     const { c, page, errors } = await setup(t);
     const base = (await policyNow(c)).revision;
-    await page.click("#add-override");
-    const row = "#edit-overrides .editor-row:last-child";
-    await page.type(`${row} input[data-field="caller"]`, CALLER);
-    await page.type(`${row} input[data-field="preferred_node"]`, "M1");
-    await page.type(`${row} input[aria-label="hours"]`, "2");
-    await page.type(`${row} input[data-field="note"]`, "VIP during the migration");
+    await addOverride(page, { caller: CALLER, node: "M1", hours: "2", note: "VIP during the migration" });
     await waitText(page, `#draft-preview li[data-preview-caller="${CALLER}"]`, /prefer M1 and would go to M1 on every line/);
     const before = Date.now();
     await page.click("#save");
@@ -81,11 +80,7 @@ describe("the panel: policy editor and decision viewer", () => {
     const { c, page, errors } = await setup(t);
     await beat(c, ["M3"], { M3: { lines: {} } });
     const base = (await policyNow(c)).revision;
-    await page.click("#add-override");
-    const row = "#edit-overrides .editor-row:last-child";
-    await page.type(`${row} input[data-field="caller"]`, CALLER);
-    await page.type(`${row} input[data-field="preferred_node"]`, "M3");
-    await page.type(`${row} input[aria-label="minutes"]`, "30");
+    await addOverride(page, { caller: CALLER, node: "M3", minutes: "30" });
     const flagged = await waitText(page, `#draft-preview li[data-preview-caller="${CALLER}"]`, /to line sales they would go to/);
     assert.match(flagged, /M3 passed over: does not serve this line line_not_served/);
     assert.match(flagged, /to line support they would go to M1/);

@@ -3,32 +3,19 @@
 // (stale ones, the admin_drained switch), what a policy token may not see,
 // stored strings rendered as text, and the 420 px layout.
 
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { nowSeconds } from "../e2e/harness.mjs";
 import { admin, heartbeatBody, nodePost, putDocument, waitFor } from "../e2e/fixtures.mjs";
-import { enterToken, launch, noHorizontalScroll, openPanel, refreshed, shoot, showTab, text, waitText } from "./browser.mjs";
+import { browserSuite, enterToken, noHorizontalScroll, refreshed, shoot, showTab, text, waitText } from "./browser.mjs";
 import { CALLER, SALES, SUPPORT, basePolicy, call, cluster } from "./panel.mjs";
 
 const HOUR = 3600e3;
 
 describe("the panel: token, routing guide and nodes", () => {
-  let browser;
-  before(async () => {
-    browser = await launch();
-  });
-  after(() => browser?.close());
-
+  const suite = browserSuite();
   /** A cluster and a panel page on it; both closed when the test ends. */
-  async function setup(t, options, pageOptions) {
-    const c = await cluster(options);
-    const panel = await openPanel(browser, c.edge, pageOptions);
-    t.after(async () => {
-      await panel.close();
-      await c.dispose();
-    });
-    return { c, ...panel };
-  }
+  const setup = async (t, options, pageOptions) => suite.open(t, await cluster(options), pageOptions);
 
   test("a token is typed in (by keyboard), kept in memory only, and can be forgotten", async (t) => {
     const { c, page, errors } = await setup(t);
@@ -105,7 +92,7 @@ describe("the panel: token, routing guide and nodes", () => {
     await page.setViewport({ width: 1040, height: 505 });
     await shoot(page, "readme-guide", { fullPage: false }); // docs/panel.png
 
-    const dark = await openPanel(browser, c.edge, { scheme: "dark" });
+    const dark = await suite.openPanel(c.edge, { scheme: "dark" });
     t.after(() => dark.close());
     await enterToken(dark.page, c.keys.adminToken);
     await waitText(dark.page, row, /next call goes to M1/);
