@@ -124,6 +124,7 @@ describe("the panel: policy editor and decision viewer", () => {
     assert.equal((await policyNow(c)).by_line.sales.preferred_node, "M2", "nothing of the draft was written");
     await shoot(page, "editor-conflict");
 
+    await beat(c); // fresh beats for the preview the save runs, however slow the machine
     await page.click("#reapply");
     await page.waitForSelector(lineField("billing", "called_number"));
     assert.equal(await page.$eval(lineField("sales", "preferred_node"), (i) => i.value), "M1");
