@@ -6,11 +6,13 @@
 # - worker-build (pinned, --locked) and the wasm-bindgen CLI (equal to the
 #   wasm-bindgen in Cargo.lock; installed without --locked, see
 #   docs/TOOLCHAIN or shared notes: its lock names a crate the registry lacks),
-# - the npm devDependencies (wrangler, miniflare, binaryen) from
+# - Debian's chromium (apt-get, only when missing) for the browser tests,
+# - the npm devDependencies (wrangler, miniflare, binaryen, puppeteer-core) from
 #   package-lock.json, with `npm ci`, only when node_modules is missing or
 #   older than the lock file.
 #
-# Downloads only packages (crates.io, the npm registry); nothing from GitHub.
+# Downloads only packages (crates.io, the npm registry, Debian's archive);
+# nothing from GitHub, and no browser build.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -41,7 +43,19 @@ if [[ "$(installed_version wasm-bindgen)" != "$WASM_BINDGEN_VERSION" ]]; then
   cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" --force
 fi
 
+# Debian's chromium for the panel's browser tests (tests/browser):
+# puppeteer-core drives it and never downloads a browser of its own.
+if ! command -v chromium >/dev/null 2>&1; then
+  say "installing Debian's chromium (the browser tests)"
+  sudo=""
+  [[ "$(id -u)" -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y chromium
+fi
+
 # npm ci when node_modules is missing or was installed from another lock file.
+# Nothing may download a browser (puppeteer-core does not; this says so twice).
+export PUPPETEER_SKIP_DOWNLOAD=1
 stamp=node_modules/.callfence-lock.sha256
 want="$(sha256sum package-lock.json | cut -d' ' -f1)"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then

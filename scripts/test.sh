@@ -2,7 +2,8 @@
 # `make test`: sets itself up and runs every test, failing on the first
 # failure: formatting, lints, unit and integration tests, the core's wasm
 # build (it must import nothing from "env"), the simulation, the Worker build,
-# wrangler's offline dry-run deploy, and the end-to-end tests in Miniflare.
+# wrangler's offline dry-run deploy, the end-to-end tests in Miniflare, and
+# the panel's browser tests in headless Chromium.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -49,3 +50,6 @@ node_modules/.bin/wrangler deploy --dry-run --outdir dist
 
 step "end-to-end tests (Miniflare)"
 node --test tests/e2e/
+
+step "browser tests (the panel in headless Chromium; screenshots in .screenshots/)"
+PUPPETEER_SKIP_DOWNLOAD=1 node --test tests/browser/

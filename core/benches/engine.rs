@@ -155,6 +155,7 @@ fn decision_cost(lines: usize, nodes: usize, open_calls: usize) -> f64 {
         let req = PreviewRequest {
             to: Some(format!("+1510{:07}", i % lines.min(SERVED))),
             from: Some("+12125550199".into()),
+            policy: None,
         };
         let start = Instant::now();
         let out = eng.preview(&req, NOW + 1).unwrap().unwrap();

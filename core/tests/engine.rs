@@ -1,13 +1,14 @@
 //! Scenario tests of the engine on real SQLite: the paths the simulation
 //! does not drive (claims and outgoing sessions, the pending window closing,
-//! refused deliveries after an ambiguous one, media checks, heartbeat replay).
+//! refused deliveries after an ambiguous one, media checks, heartbeat replay,
+//! the preview of a draft policy, and the status view's stale marks).
 
 use callfence_core::document::DocKind;
 use callfence_core::encoding::b64_encode;
 use callfence_core::engine::{
     ClaimReply, ClaimRequest, Engine, EngineConfig, FenceRefusal, FenceReply, FenceRequest,
-    Forward, HeartbeatRefusal, Ingress, MediaRefusal, MediaReply, PendingReason, Report,
-    ReportEffect, ReportedAnswer,
+    Forward, HeartbeatRefusal, Ingress, MediaRefusal, MediaReply, PendingReason, PreviewRequest,
+    Report, ReportEffect, ReportedAnswer,
 };
 use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, Mode, HEARTBEAT_SCHEMA};
 use callfence_core::media::MediaKeys;
@@ -393,4 +394,86 @@ fn heartbeats_refuse_old_seq_and_replay_identical_bytes() {
         w.beat("M1", |h| h.valid_for_s = 99),
         Err(HeartbeatRefusal::Invalid(_))
     ));
+}
+
+#[test]
+fn a_draft_preview_resolves_under_the_draft_and_stores_nothing() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    w.beat("M2", |hb| {
+        hb.lines.clear();
+        hb.routing_hash = routing_hash(&hb.lines);
+    })
+    .unwrap();
+    let preview = |policy| {
+        let req = PreviewRequest {
+            to: Some("+15102160079".into()),
+            from: None,
+            policy,
+        };
+        w.engine.preview(&req, w.now).unwrap().unwrap()
+    };
+    let in_force = preview(None);
+    assert_eq!(
+        (
+            &in_force["prefers"],
+            &in_force["chosen"],
+            &in_force["draft"]
+        ),
+        (&json!("M1"), &json!("M1"), &json!(false))
+    );
+    // The draft prefers M2 for sales, a line M2 does not serve.
+    let draft = json!({"schema": "riff_node_routing_policy_v1", "default_node": "M1",
+        "by_line": {"sales": {"called_number": "+15102160079", "preferred_node": "M2", "fallback_node": "M1"}}});
+    let under = preview(Some(draft));
+    assert_eq!(under["prefers"], "M2");
+    assert_eq!(under["chosen"], "M1");
+    assert_eq!(under["reasons"]["M2"], json!(["line_not_served"]));
+    assert_eq!(
+        (&under["draft"], &under["policy_revision"]),
+        (&json!(true), &json!(1))
+    );
+    // A draft that would not validate answers what a PUT would refuse.
+    let bad = json!({"schema": "riff_node_routing_policy_v1", "default_node": "M9", "by_line": {}});
+    let refused = preview(Some(bad));
+    assert_eq!(refused["draft_problems"][0]["path"], "/default_node");
+    assert!(refused.get("chosen").is_none());
+    // Nothing was stored.
+    assert_eq!(w.engine.revision(DocKind::Policy).unwrap(), 1);
+    assert_eq!(w.engine.status(w.now).unwrap()["lines"][0]["prefers"], "M1");
+}
+
+#[test]
+fn status_says_when_each_node_was_last_seen_and_whether_it_is_stale() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    let node = |status: &serde_json::Value, id: &str| {
+        status["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == id)
+            .unwrap()
+            .clone()
+    };
+    let fresh = node(&w.engine.status(w.now).unwrap(), "M1");
+    assert_eq!(fresh["stale"], false);
+    assert_eq!(fresh["last_seen_at"], callfence_core::time::format_ms(T0));
+    let never = node(&w.engine.status(w.now).unwrap(), "M2");
+    assert_eq!(
+        (&never["stale"], &never["last_seen_at"]),
+        (&json!(false), &json!(null))
+    );
+    w.now += 40_000; // past valid_for_s (30 s)
+    let stale = node(&w.engine.status(w.now).unwrap(), "M1");
+    assert_eq!(stale["stale"], true);
+    assert!(stale["reasons"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("heartbeat_stale")));
+    assert_eq!(stale["last_seen_at"], fresh["last_seen_at"]);
+    assert_eq!(
+        stale["mode"], "active",
+        "the last report is kept, marked stale"
+    );
 }

@@ -61,6 +61,11 @@ pub struct PreviewRequest {
     pub to: Option<String>,
     /// The caller.
     pub from: Option<String>,
+    /// A draft routing policy to resolve under instead of the one in force
+    /// (the panel's preview before a save). Validated like a PUT; nothing is
+    /// stored.
+    #[serde(default)]
+    pub policy: Option<serde_json::Value>,
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, BadRequest> {

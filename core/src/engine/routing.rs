@@ -6,7 +6,8 @@ use super::rows::SessionRow;
 use super::{Engine, EngineError};
 use crate::decision::{Decision, DecisionOutcome};
 use crate::eligibility::{self, LineRef};
-use crate::policy::{Resolution, Rule};
+use crate::policy::{Resolution, RoutingPolicy, Rule};
+use crate::registry::NodeRegistry;
 use crate::selection::{select, Selection};
 use crate::store::{Store, Value};
 use crate::time::format_ms;
@@ -58,6 +59,28 @@ impl<S: Store> Engine<S> {
         else {
             return Ok(None);
         };
+        self.route_under(
+            (policy_revision, &*policy),
+            (nodes_revision, &*registry),
+            caller,
+            called,
+            except,
+            now_ms,
+        )
+        .map(Some)
+    }
+
+    /// [`Self::route`] under a given policy and registry (the preview of a
+    /// draft policy uses the one being edited instead of the one in force).
+    pub(crate) fn route_under(
+        &self,
+        (policy_revision, policy): (u64, &RoutingPolicy),
+        (nodes_revision, registry): (u64, &NodeRegistry),
+        caller: Option<&str>,
+        called: Option<&str>,
+        except: Option<&str>,
+        now_ms: i64,
+    ) -> Result<Routed, EngineError> {
         let resolution = policy.resolve(caller, called, now_ms);
         let line = called
             .and_then(|to| policy.line_for(to))
@@ -69,7 +92,7 @@ impl<S: Store> Engine<S> {
         let selection = select(
             &resolution,
             &policy.default_node,
-            &registry,
+            registry,
             |node, candidacy| {
                 let state = self.node_state(node, except)?;
                 let reasons = eligibility::check(
@@ -84,7 +107,7 @@ impl<S: Store> Engine<S> {
                 Ok::<_, EngineError>(reasons)
             },
         )?;
-        Ok(Some(Routed {
+        Ok(Routed {
             chosen_origin: selection
                 .chosen
                 .as_ref()
@@ -96,7 +119,7 @@ impl<S: Store> Engine<S> {
             selection,
             policy_revision,
             nodes_revision,
-        }))
+        })
     }
 
     /// Routes an existing session by the numbers of its first event; the

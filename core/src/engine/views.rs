@@ -29,11 +29,39 @@ fn reasons_json(reasons: &BTreeMap<String, Vec<Reason>>) -> Json {
 
 impl<S: Store> Engine<S> {
     /// `POST /v1/routing/preview`: the same resolution and eligibility as a
-    /// live call, storing nothing. `None` when there is no policy.
+    /// live call, storing nothing. `None` when there is no policy (or, for a
+    /// draft, no registry). With a draft `policy`, resolves under the draft
+    /// (validated as a PUT would validate it) and says `"draft": true`; a
+    /// draft that would not validate answers its `draft_problems` instead.
     pub fn preview(&self, req: &PreviewRequest, now_ms: i64) -> Result<Option<Json>, EngineError> {
         let to = req.to.as_deref().and_then(normalise);
         let from = req.from.as_deref().and_then(normalise);
-        let Some(routed) = self.route(from.as_deref(), to.as_deref(), None, now_ms)? else {
+        let routed = match &req.policy {
+            None => self.route(from.as_deref(), to.as_deref(), None, now_ms)?,
+            Some(draft) => {
+                let Some((nodes_revision, registry)) = self.registry()? else {
+                    return Ok(None);
+                };
+                let current = self.policy()?;
+                let previous = current.as_ref().map(|(_, p)| p.as_ref());
+                let policy = match crate::policy::validate(draft, &registry, previous, now_ms) {
+                    Ok(policy) => policy,
+                    Err(problems) => {
+                        return Ok(Some(json!({ "draft": true, "draft_problems": problems })))
+                    }
+                };
+                let base = current.as_ref().map_or(0, |(r, _)| *r);
+                Some(self.route_under(
+                    (base, &policy),
+                    (nodes_revision, &registry),
+                    from.as_deref(),
+                    to.as_deref(),
+                    None,
+                    now_ms,
+                )?)
+            }
+        };
+        let Some(routed) = routed else {
             return Ok(None);
         };
         Ok(Some(json!({
@@ -44,6 +72,7 @@ impl<S: Store> Engine<S> {
             "reasons": reasons_json(&routed.selection.reasons),
             "policy_revision": routed.policy_revision,
             "nodes_revision": routed.nodes_revision,
+            "draft": req.policy.is_some(),
         })))
     }
 
@@ -154,6 +183,7 @@ impl<S: Store> Engine<S> {
                 let entry = r.nodes.get(&node);
                 let reasons = self.general_reasons(&node, &state, now_ms)?;
                 let hb = state.beat.as_ref().map(|b| &b.heartbeat);
+                let stale = reasons.contains(&Reason::HeartbeatStale);
                 nodes.push(json!({
                     "node": node,
                     "role": entry.map(|e| e.role),
@@ -162,6 +192,8 @@ impl<S: Store> Engine<S> {
                     "clean": hb.map(|h| !h.dirty),
                     "app_ready": hb.map(|h| h.app_ready),
                     "heartbeat_age_s": state.beat.as_ref().map(|b| (now_ms - b.received_at_ms).max(0) / 1000),
+                    "last_seen_at": state.beat.as_ref().map(|b| format_ms(b.received_at_ms)),
+                    "stale": stale,
                     "capacity": {
                         "max_calls": effective_max_calls(entry, state.beat.as_ref()),
                         "active_calls": hb.map(|h| h.capacity.active_calls),
@@ -182,7 +214,7 @@ impl<S: Store> Engine<S> {
                     .map(|(caller, o)| {
                         json!({"caller": caller, "prefers": o.preferred_node,
                                "expires_at": format_ms(o.expires_at_ms), "expired": o.expires_at_ms <= now_ms,
-                               "note": o.note})
+                               "note": o.note, "created_at": format_ms(o.created_at_ms)})
                     })
                     .collect()
             })
