@@ -5,8 +5,8 @@
 //! table, so the mapping from stable codes to HTTP lives in one place.
 
 use crate::protocol::{Reply, Unavailable};
-use serde_json::{json, Map, Value};
 use futures_util::StreamExt;
+use serde_json::{json, Map, Value};
 use worker::{Headers, Request, Response};
 
 /// An error answer: status, stable code, extra fields and headers.
