@@ -275,16 +275,7 @@ mod tests {
     };
 
     fn entry(role: Role) -> NodeEntry {
-        NodeEntry {
-            role,
-            origin_url: ORIGIN.into(),
-            keys: BTreeMap::new(),
-            fallback_approved: false,
-            admin_drained: false,
-            max_calls: None,
-            canary_go: false,
-            allowed_shas: None,
-        }
+        NodeEntry::bare(role, ORIGIN)
     }
 
     fn beat() -> Beat {

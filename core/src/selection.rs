@@ -77,16 +77,7 @@ mod tests {
     use std::convert::Infallible;
 
     fn entry(role: Role) -> NodeEntry {
-        NodeEntry {
-            role,
-            origin_url: "https://node.example.com/callfence/telnyx".into(),
-            keys: BTreeMap::new(),
-            fallback_approved: false,
-            admin_drained: false,
-            max_calls: None,
-            canary_go: false,
-            allowed_shas: None,
-        }
+        NodeEntry::bare(role, "https://node.example.com/callfence/telnyx")
     }
 
     /// A registry of `(id, role)`, inserted in the given (not sorted) order.
