@@ -265,7 +265,6 @@ fn beat_reasons(
 mod tests {
     use super::*;
     use crate::heartbeat::Capacity;
-    use std::collections::BTreeMap;
 
     const NOW: i64 = 1_796_000_000_000;
     const ORIGIN: &str = "https://m1.example.com/callfence/telnyx";
