@@ -121,7 +121,7 @@ console.log(show(decisions.body));
 // the webhook: wait a little for the command to reach the fake Telnyx API.
 let commands = [];
 for (let i = 0; i < 50 && commands.length === 0; i++) {
-  const r = await get(`${info.fake_telnyx}/dev/commands?call_control_id=${encodeURIComponent(ccid)}`, {});
+  const r = await get(`${info.fake_telnyx}/__record?call_control_id=${encodeURIComponent(ccid)}`, {});
   commands = r.body.commands ?? [];
   if (commands.length === 0) await sleep(100);
 }

@@ -1,7 +1,7 @@
 // `make dev` (after scripts/dev.sh has set up and built): the dispatcher in
 // local workerd (Miniflare, the prebuilt build/, state persisted in
-// .dev/state), the example documents from policy/, a fake Telnyx API on
-// loopback, and the three demo nodes of policy/README.md as real
+// .dev/state), the example documents from policy/, the shared fake Telnyx
+// API (`callfence-fake-telnyx`) on loopback, and the three demo nodes of policy/README.md as real
 // `callfence-agent run` processes in front of `callfence-demo-app`s.
 //
 // Everything it generates lives in the git-ignored .dev/ (secrets and keys
@@ -10,12 +10,12 @@
 // Environment: CALLFENCE_DEV_DIR (default <repo>/.dev; absolute, not under
 // /tmp), CALLFENCE_DEV_PORT (dispatcher, default 8787),
 // CALLFENCE_DEV_TELNYX_PORT (fake Telnyx API, default 8790; 0 picks free
-// ports), CALLFENCE_AGENT_BIN_DIR (where callfence-agent and
-// callfence-demo-app are; default target/debug). The nodes' ports are fixed
+// ports), CALLFENCE_AGENT_BIN_DIR (where callfence-agent,
+// callfence-demo-app and callfence-fake-telnyx are; default target/debug). The nodes' ports are fixed
 // by policy/nodes.example.json.
 
 import { spawn, execFileSync } from "node:child_process";
-import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes, randomUUID } from "node:crypto";
+import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes } from "node:crypto";
 import {
   chmodSync,
   closeSync,
@@ -27,10 +27,10 @@ import {
   rmSync,
   writeFileSync,
 } from "node:fs";
-import { createServer } from "node:http";
 import { createConnection } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
+import { startFakeTelnyx } from "./fake-telnyx.mjs";
 
 export const ROOT = fileURLToPath(new URL("../", import.meta.url));
 export const DEV = process.env.CALLFENCE_DEV_DIR || join(ROOT, ".dev");
@@ -340,61 +340,37 @@ async function waitFor(what, check, timeoutMs = 15000) {
 
 // ------------------------------------------------------------ fake Telnyx ----
 
-/** A loopback stand-in for the Telnyx Call Control API. Prints every command,
- * keeps them for GET /dev/commands[?call_control_id=], and accepts them all. */
-function startFakeTelnyx(apiKey) {
-  const commands = [];
+/** The shared fake Telnyx API (`callfence-fake-telnyx`), wanting the dev API
+ * key: prints every command and logs it to .dev/logs/fake-telnyx.log; its
+ * record is GET /__record[?call_control_id=]. */
+async function startTelnyx(apiKeyFile) {
   const log = join(paths.logs, "fake-telnyx.log");
-  const server = createServer((req, res) => {
-    const chunks = [];
-    req.on("data", (c) => chunks.push(c));
-    req.on("end", () => {
-      const url = new URL(req.url, "http://x");
-      const reply = (status, body) => {
-        res.writeHead(status, { "content-type": "application/json" });
-        res.end(JSON.stringify(body));
-      };
-      if (req.method === "GET" && url.pathname === "/dev/commands") {
-        const ccid = url.searchParams.get("call_control_id");
-        return reply(200, { commands: commands.filter((c) => !ccid || c.call_control_id === ccid) });
+  const fake = await startFakeTelnyx(BIN_DIR, {
+    port: TELNYX_PORT,
+    apiKeyFile,
+    onLine: (entry) => {
+      writeFileSync(log, `${JSON.stringify(entry)}\n`, { flag: "a" });
+      if (entry.action === "dial") {
+        say(`fake Telnyx: dial to ${entry.body?.to ?? "?"} (${entry.status})`);
+      } else {
+        say(`fake Telnyx: ${entry.action} ${entry.call_control_id} command_id=${entry.command_id} (${entry.status})`);
       }
-      if (req.headers.authorization !== `Bearer ${apiKey}`) {
-        return reply(401, { errors: [{ code: "10009", title: "Authentication failed" }] });
-      }
-      let body = {};
-      try {
-        body = JSON.parse(Buffer.concat(chunks).toString("utf8") || "{}");
-      } catch {
-        return reply(400, { errors: [{ code: "10015", title: "Invalid JSON" }] });
-      }
-      const action = url.pathname.match(/^\/v2\/calls\/([^/]+)\/actions\/([a-z_]+)$/);
-      if (req.method === "POST" && action) {
-        const entry = {
-          at: new Date().toISOString(),
-          call_control_id: decodeURIComponent(action[1]),
-          action: action[2],
-          command_id: body.command_id ?? null,
-          body,
-        };
-        commands.push(entry);
-        if (commands.length > 1000) commands.shift();
-        writeFileSync(log, `${JSON.stringify(entry)}\n`, { flag: "a" });
-        say(`fake Telnyx: ${entry.action} ${entry.call_control_id} command_id=${entry.command_id}`);
-        return reply(200, { data: { result: "ok" } });
-      }
-      if (req.method === "POST" && url.pathname === "/v2/calls") {
-        const id = randomUUID();
-        const data = { call_control_id: `v3:dev-${id}`, call_session_id: randomUUID(), call_leg_id: id, is_alive: false };
-        say(`fake Telnyx: dial to ${body.to ?? "?"} -> ${data.call_control_id}`);
-        return reply(200, { data });
-      }
-      reply(404, { errors: [{ code: "10005", title: "Resource not found" }] });
-    });
+    },
   });
-  return new Promise((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(TELNYX_PORT, "127.0.0.1", () => resolve(server));
+  const child = fake.child;
+  child.devName = "fake-telnyx";
+  child.devLog = log;
+  child.devBin = join(BIN_DIR, "callfence-fake-telnyx");
+  child.exited = new Promise((resolve) => {
+    if (child.exitCode !== null || child.signalCode !== null) resolve();
+    else child.once("exit", resolve);
   });
+  child.once("exit", (code, signal) => {
+    if (!stopping) say(`fake-telnyx exited (${signal ?? `code ${code}`}); see ${log}`);
+  });
+  children.push(child);
+  recordPids();
+  return fake;
 }
 
 // ------------------------------------------------------------ dispatcher ----
@@ -477,8 +453,6 @@ async function shutdown(code) {
   await Promise.race([Promise.all(children.map((c) => c.exited)), sleep(6000)]);
   for (const c of children) if (alive(c)) c.kill("SIGKILL");
   await Promise.all(children.map((c) => c.exited));
-  running.telnyx?.closeAllConnections();
-  running.telnyx?.close();
   // workerd may already be gone (Ctrl-C reaches the whole process group).
   await Promise.race([running.mf?.dispose().catch(() => {}), sleep(5000)]);
   if (started) rmSync(paths.pids, { force: true });
@@ -506,7 +480,7 @@ async function main() {
   for (const file of ["build/index.js", "build/index_bg.wasm"]) {
     if (!existsSync(join(ROOT, file))) throw new Error(`${file} is missing: run \`make build\``);
   }
-  for (const bin of ["callfence-agent", "callfence-demo-app"]) {
+  for (const bin of ["callfence-agent", "callfence-demo-app", "callfence-fake-telnyx"]) {
     if (!existsSync(join(BIN_DIR, bin))) {
       throw new Error(`${join(BIN_DIR, bin)} is missing: cargo build -p callfence-agent --bins`);
     }
@@ -527,8 +501,7 @@ async function main() {
   running.workerd = workerdPids();
   recordPids();
   ownSignals();
-  running.telnyx = await startFakeTelnyx(readSecret(paths.telnyxApiKey));
-  const telnyxUrl = `http://127.0.0.1:${running.telnyx.address().port}`;
+  const telnyxUrl = (await startTelnyx(paths.telnyxApiKey)).url;
   say(`dispatcher on ${url} (state in ${paths.state})`);
   say(`node registry: ${await loadDocument(url, secrets.adminToken, "/v1/nodes", "nodes.example.json")}`);
   say(`routing policy: ${await loadDocument(url, secrets.adminToken, "/v1/policy", "policy.example.json")}`);
@@ -595,7 +568,7 @@ callfence dev is running. Ctrl-C stops everything.
 
   dispatcher     ${url.padEnd(24)} workerd, state in ${paths.state}
   dashboard      ${`${url}/`.padEnd(24)} bearer: the admin token in ${paths.adminToken}
-  fake Telnyx    ${telnyxUrl.padEnd(24)} prints the commands it gets; GET ${telnyxUrl}/dev/commands
+  fake Telnyx    ${telnyxUrl.padEnd(24)} prints the commands it gets; GET ${telnyxUrl}/__record
   logs           ${paths.logs}/
   nodes (callfence-agent -> callfence-demo-app):
 ${NODES.map((n) => `    ${n.node}  origin http://127.0.0.1:${n.origin}/callfence/telnyx  local API http://127.0.0.1:${n.local}  app http://127.0.0.1:${n.app}  config ${join(nodeDir(n), "agent.toml")}`).join("\n")}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: sets itself up and runs every test, failing on the first
-# failure: formatting, lints, unit and integration tests, the core's wasm
+# failure: formatting, lints, unit and integration tests, the docs (rustdoc
+# with warnings as errors: broken intra-doc links, bad markup), the core's wasm
 # build (it must import nothing from "env"), the simulation, the Worker build,
 # wrangler's offline dry-run deploy, the end-to-end tests in Miniflare, and
 # the panel's browser tests in headless Chromium.
@@ -23,6 +24,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test --workspace"
 cargo test --workspace
+
+step "cargo doc (no deps, -D warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
 step "core builds for wasm32 and imports nothing from \"env\""
 cargo build -p callfence-core --target wasm32-unknown-unknown --release

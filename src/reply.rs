@@ -5,6 +5,7 @@
 //! table, so the mapping from stable codes to HTTP lives in one place.
 
 use crate::protocol::{strip_envelope, Refused, Reply, Unavailable, View};
+use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 use worker::{Headers, Request, Response};
 
@@ -186,8 +187,20 @@ pub fn relay(reply: Result<Reply<View>, Unavailable>) -> Result<Answer, ApiError
     }
 }
 
-/// Reads a request body of at most `limit` bytes: a `Content-Length` over the
-/// limit is refused before reading, and so is a body that turns out longer.
+/// The most bytes read (and dropped) from a body over its route's limit
+/// before answering 413. workerd resets a keep-alive connection whose request
+/// body was left unread past 64 KiB, so the client's next request on it would
+/// fail; a connection whose body was read to its end stays usable. A body
+/// longer than this is refused without being read further (its connection is
+/// then lost: no honest client sends one).
+pub const MAX_DRAIN_BYTES: u64 = 2 * 1024 * 1024;
+
+/// Reads a request body of at most `limit` bytes. A body over the limit
+/// (declared by `Content-Length` or found while reading) is 413
+/// `payload_too_large`, after the rest of it is read and dropped up to
+/// [`MAX_DRAIN_BYTES`] so the connection can carry the client's next request.
+/// A body within its declared length is read whole; one without a declared
+/// length is read in chunks and never held beyond the limit.
 pub async fn read_body(req: &mut Request, limit: usize) -> Result<Vec<u8>, ApiError> {
     let declared = req
         .headers()
@@ -195,12 +208,31 @@ pub async fn read_body(req: &mut Request, limit: usize) -> Result<Vec<u8>, ApiEr
         .ok()
         .flatten()
         .and_then(|text| text.trim().parse::<u64>().ok());
-    check_length(declared, limit)?;
-    let body = req
-        .bytes()
-        .await
-        .map_err(|_| ApiError::new(400, "bad_body"))?;
-    check_length(Some(body.len() as u64), limit)?;
+    if declared.is_some_and(|n| n <= limit as u64) {
+        let body = req
+            .bytes()
+            .await
+            .map_err(|_| ApiError::new(400, "bad_body"))?;
+        check_length(Some(body.len() as u64), limit)?;
+        return Ok(body);
+    }
+    if declared.is_some_and(|n| n > MAX_DRAIN_BYTES) || req.inner().body().is_none() {
+        check_length(declared, limit)?;
+        return Ok(Vec::new());
+    }
+    let mut stream = req.stream().map_err(|_| ApiError::new(400, "bad_body"))?;
+    let mut body = Vec::new();
+    let mut seen: u64 = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|_| ApiError::new(400, "bad_body"))?;
+        seen = seen.saturating_add(chunk.len() as u64);
+        if seen <= limit as u64 {
+            body.extend_from_slice(&chunk);
+        } else if seen > MAX_DRAIN_BYTES {
+            break;
+        }
+    }
+    check_length(Some(seen), limit)?;
     Ok(body)
 }
 

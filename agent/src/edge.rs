@@ -11,6 +11,8 @@ use std::time::Duration;
 use callfence_core::node_auth;
 use reqwest::header::{HeaderValue, CONTENT_TYPE, HOST};
 use reqwest::Url;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::keys::NodeKey;
@@ -37,6 +39,12 @@ impl EdgeReply {
     /// The stable error code of a refusal (`{"error": ..}`), if any.
     pub fn error_code(&self) -> Option<&str> {
         self.body.get("error").and_then(Value::as_str)
+    }
+
+    /// The body read as one of core's wire types
+    /// ([`callfence_core::wire`]); `None` when it does not have that shape.
+    pub fn decode<T: DeserializeOwned>(&self) -> Option<T> {
+        T::deserialize(&self.body).ok()
     }
 }
 
@@ -74,6 +82,19 @@ impl EdgeClient {
         self.base
             .join(path)
             .map_err(|e| AgentError::new(format!("edge url: {e}")))
+    }
+
+    /// POSTs `body` (one of core's wire types) as JSON to `path`, signed with
+    /// `key`; see [`EdgeClient::post_signed`].
+    pub async fn post_json<T: Serialize>(
+        &self,
+        key: &NodeKey,
+        path: &str,
+        body: &T,
+        now_ms: i64,
+    ) -> Result<EdgeReply, String> {
+        let bytes = serde_json::to_vec(body).map_err(|e| format!("encode: {e}"))?;
+        self.post_signed(key, path, bytes, now_ms).await
     }
 
     /// POSTs `body` (JSON bytes) to `path`, signed with `key`. Transport

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, HEARTBEAT_SCHEMA};
 use callfence_core::time::{format_ms, parse_ms};
+use callfence_core::wire::{HeartbeatAnswer, RoutingView};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::clock::now_ms;
 use crate::config::{Config, LinesSource};
@@ -141,8 +142,8 @@ pub struct BeatRecord {
     pub edge_time: Option<String>,
     /// Edge clock minus ours (ms), measured at the midpoint of the request.
     pub clock_skew_ms: Option<i64>,
-    /// The edge's routing view (`{"hash","lines"}`).
-    pub routing: Option<Value>,
+    /// The edge's routing view (accepted beats).
+    pub routing: Option<RoutingView>,
     /// `valid_for_s` of the beat.
     pub valid_for_s: u32,
     /// What the beat reported.
@@ -158,14 +159,6 @@ impl BeatRecord {
     /// True while the beat is still within its `valid_for_s`.
     pub fn fresh(&self, now_ms: i64) -> bool {
         now_ms <= self.at_ms + i64::from(self.valid_for_s) * 1000
-    }
-}
-
-fn edge_time_ms(body: &Value) -> Option<i64> {
-    match body.get("edge_time")? {
-        Value::String(s) => parse_ms(s),
-        Value::Number(n) => n.as_i64(),
-        _ => None,
     }
 }
 
@@ -198,32 +191,30 @@ pub fn record(
         Err(e) => rec.refused = Some(e.to_string()),
         Ok(r) => {
             rec.http_status = Some(r.status);
-            if let Some(edge_ms) = edge_time_ms(&r.body) {
-                rec.edge_time = Some(format_ms(edge_ms));
-                rec.clock_skew_ms = Some(edge_ms - (r.sent_ms + r.received_ms) / 2);
-            }
-            if r.status == 200 && r.body.get("accepted") == Some(&Value::Bool(true)) {
-                rec.outcome = "accepted".into();
-                rec.eligible = r.body.get("eligible").and_then(Value::as_bool);
-                rec.reasons = r.body["reasons"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|v| v.as_str().map(str::to_string))
+            match r
+                .decode::<HeartbeatAnswer>()
+                .filter(|a| r.status == 200 && a.accepted)
+            {
+                Some(answer) => {
+                    if let Some(edge_ms) = parse_ms(&answer.edge_time) {
+                        rec.edge_time = Some(format_ms(edge_ms));
+                        rec.clock_skew_ms = Some(edge_ms - (r.sent_ms + r.received_ms) / 2);
+                    }
+                    rec.outcome = "accepted".into();
+                    rec.eligible = Some(answer.eligible);
+                    rec.reasons = answer.reasons.into_iter().take(64).collect();
+                    rec.routing = Some(answer.routing);
+                }
+                None => {
+                    rec.outcome = "refused".into();
+                    rec.refused = Some(
+                        r.error_code()
+                            .unwrap_or("unexpected_answer")
+                            .chars()
                             .take(64)
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                rec.routing = r.body.get("routing").cloned();
-            } else {
-                rec.outcome = "refused".into();
-                rec.refused = Some(
-                    r.error_code()
-                        .unwrap_or("unexpected_answer")
-                        .chars()
-                        .take(64)
-                        .collect(),
-                );
+                            .collect(),
+                    );
+                }
             }
         }
     }
@@ -312,6 +303,7 @@ pub async fn beat_once(
 mod tests {
     use super::*;
     use crate::edge::EdgeReply;
+    use serde_json::Value;
 
     fn observed() -> Observed {
         let mut lines = BTreeMap::new();
@@ -367,6 +359,28 @@ mod tests {
         assert_eq!(rec.clock_skew_ms, Some(400));
         assert!(!rec.accepted_and_eligible());
         assert!(rec.fresh(16_000) && !rec.fresh(16_001));
+    }
+
+    #[test]
+    fn a_200_that_is_not_a_heartbeat_answer_is_not_accepted() {
+        for body in [
+            json!({"accepted": false, "eligible": true, "reasons": [], "edge_time": "1970-01-01T00:00:01.500Z",
+                   "routing": {"hash": "x", "lines": {}}}),
+            json!({"accepted": true, "eligible": "yes"}),
+            Value::Null,
+        ] {
+            let reply = EdgeReply {
+                status: 200,
+                body,
+                sent_ms: 0,
+                received_ms: 0,
+            };
+            let rec = record(observed(), 7, 15, None, Ok(&reply), 0);
+            assert_eq!(
+                (rec.outcome.as_str(), rec.refused.as_deref(), rec.eligible),
+                ("refused", Some("unexpected_answer"), None)
+            );
+        }
     }
 
     #[test]
@@ -442,8 +456,7 @@ mod tests {
                 let (status, answer) = match result {
                     Ok(_) => (
                         200,
-                        json!({"accepted": true, "eligible": true, "reasons": [],
-                                          "edge_time": format_ms(now_ms()), "routing": {"hash": "h", "lines": {}}}),
+                        json!(HeartbeatAnswer::new(&[], now_ms(), RoutingView::default())),
                     ),
                     Err(e) => (401, json!({"error": e.code()})),
                 };

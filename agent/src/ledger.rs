@@ -8,6 +8,10 @@
 //! shadow node keeps serving those) and which legs are open (for
 //! `drain --shed`). Rows are pruned by age.
 //!
+//! The schema is versioned with SQLite's `user_version` ([`SCHEMA_VERSION`]):
+//! opening an older ledger migrates it step by step; a ledger from a newer
+//! agent is refused, so the agent does not start on state it cannot read.
+//!
 //! # Invariants
 //!
 //! 1. An event reaches `completed` at most once, and a completed event is
@@ -24,6 +28,67 @@ use crate::AgentError;
 
 /// The file name inside the state directory.
 pub const FILE: &str = "ledger.sqlite3";
+
+/// The schema, one step per version: step `i` takes a ledger from version
+/// `i` to `i + 1` (SQLite's `user_version`). Version 0 is a new file, or a
+/// ledger written before the schema was versioned, whose tables are those of
+/// version 1 (hence `IF NOT EXISTS`). Steps are only ever appended.
+const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS events (
+        event_id TEXT PRIMARY KEY,
+        call_session_id TEXT NOT NULL,
+        call_control_id TEXT,
+        epoch INTEGER NOT NULL,
+        event_type TEXT,
+        state TEXT NOT NULL CHECK (state IN ('received', 'completed')),
+        body BLOB NOT NULL,
+        headers TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        status INTEGER,
+        content_type TEXT,
+        response BLOB,
+        received_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS events_by_state ON events (state, updated_at);
+    CREATE TABLE IF NOT EXISTS sessions (
+        call_session_id TEXT PRIMARY KEY,
+        epoch INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS legs (
+        call_control_id TEXT PRIMARY KEY,
+        call_session_id TEXT,
+        open INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );"];
+
+/// The schema version this agent writes and reads.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Brings the ledger at `path` to [`SCHEMA_VERSION`], each step in a
+/// transaction of its own with its version, and refuses a ledger written by
+/// a newer agent (it could not read it safely, and must not change it).
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), AgentError> {
+    let found: u32 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(sql_err)?;
+    if found > SCHEMA_VERSION {
+        return Err(AgentError::new(format!(
+            "ledger {} has schema version {found}, newer than this agent's {SCHEMA_VERSION}: \
+             it was written by a newer callfence-agent; run that version (or move the file \
+             aside, losing its unfinished deliveries)",
+            path.display()
+        )));
+    }
+    for (from, step) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let tx = conn.transaction().map_err(sql_err)?;
+        tx.execute_batch(step).map_err(sql_err)?;
+        tx.pragma_update(None, "user_version", from as u32 + 1)
+            .map_err(sql_err)?;
+        tx.commit().map_err(sql_err)?;
+    }
+    Ok(())
+}
 
 /// Completed rows kept at most (the oldest beyond are pruned).
 const MAX_COMPLETED_ROWS: i64 = 100_000;
@@ -93,44 +158,14 @@ impl Ledger {
 
     /// Opens a ledger file.
     pub fn open_path(path: &Path) -> Result<Ledger, AgentError> {
-        let conn = Connection::open(path).map_err(sql_err)?;
+        let mut conn = Connection::open(path).map_err(sql_err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(sql_err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sql_err)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(sql_err)?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS events (
-                event_id TEXT PRIMARY KEY,
-                call_session_id TEXT NOT NULL,
-                call_control_id TEXT,
-                epoch INTEGER NOT NULL,
-                event_type TEXT,
-                state TEXT NOT NULL CHECK (state IN ('received', 'completed')),
-                body BLOB NOT NULL,
-                headers TEXT NOT NULL,
-                attempts INTEGER NOT NULL DEFAULT 0,
-                status INTEGER,
-                content_type TEXT,
-                response BLOB,
-                received_at INTEGER NOT NULL,
-                updated_at INTEGER NOT NULL
-            );
-            CREATE INDEX IF NOT EXISTS events_by_state ON events (state, updated_at);
-            CREATE TABLE IF NOT EXISTS sessions (
-                call_session_id TEXT PRIMARY KEY,
-                epoch INTEGER NOT NULL,
-                updated_at INTEGER NOT NULL
-            );
-            CREATE TABLE IF NOT EXISTS legs (
-                call_control_id TEXT PRIMARY KEY,
-                call_session_id TEXT,
-                open INTEGER NOT NULL,
-                updated_at INTEGER NOT NULL
-            );",
-        )
-        .map_err(sql_err)?;
+        migrate(&mut conn, path)?;
         Ok(Ledger {
             conn: Mutex::new(conn),
         })
@@ -424,6 +459,76 @@ mod tests {
         assert_eq!(ids, ["e1", "e2"]);
         assert_eq!(l.prune(1_010, 500).unwrap(), 1);
         assert_eq!(l.lookup("e1").unwrap(), Entry::Absent);
+    }
+
+    fn user_version(path: &Path) -> u32 {
+        Connection::open(path)
+            .unwrap()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_new_ledger_has_the_current_version_and_reopening_keeps_it() {
+        let dir = test_dir("ledger-version");
+        drop(Ledger::open(&dir).unwrap());
+        assert_eq!(SCHEMA_VERSION, 1);
+        assert_eq!(user_version(&dir.join(FILE)), SCHEMA_VERSION);
+        let l = Ledger::open(&dir).unwrap();
+        l.insert_received(&pending("e1"), 10).unwrap();
+        drop(l);
+        assert_eq!(user_version(&dir.join(FILE)), SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn an_unversioned_ledger_migrates_and_keeps_its_entries() {
+        // The file as agents wrote it before the schema had a version.
+        let dir = test_dir("ledger-v0");
+        let path = dir.join(FILE);
+        {
+            let old = Connection::open(&path).unwrap();
+            old.execute_batch(MIGRATIONS[0]).unwrap();
+            old.execute(
+                "INSERT INTO events (event_id, call_session_id, epoch, state, body, headers, received_at, updated_at)
+                 VALUES ('e-old', 's-old', 3, 'received', x'7b7d', '[]', 5, 5)",
+                [],
+            )
+            .unwrap();
+            old.execute(
+                "INSERT INTO sessions (call_session_id, epoch, updated_at) VALUES ('s-old', 3, 5)",
+                [],
+            )
+            .unwrap();
+        }
+        assert_eq!(user_version(&path), 0);
+        let l = Ledger::open(&dir).unwrap();
+        assert_eq!(user_version(&path), SCHEMA_VERSION);
+        assert!(l.is_admitted("s-old").unwrap());
+        let pending = l.pending().unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(
+            (pending[0].event_id.as_str(), pending[0].epoch),
+            ("e-old", 3)
+        );
+    }
+
+    #[test]
+    fn a_ledger_from_a_newer_agent_is_refused_and_left_alone() {
+        let dir = test_dir("ledger-newer");
+        let path = dir.join(FILE);
+        drop(Ledger::open(&dir).unwrap());
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        let err = Ledger::open(&dir).unwrap_err();
+        assert!(
+            err.0
+                .contains(&format!("schema version {}", SCHEMA_VERSION + 1))
+                && err.0.contains("newer callfence-agent"),
+            "{err}"
+        );
+        assert_eq!(user_version(&path), SCHEMA_VERSION + 1);
     }
 
     #[test]

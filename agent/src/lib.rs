@@ -36,6 +36,11 @@
 //! - [`run`]: the `run` command: servers, heartbeat loop, upkeep.
 //! - [`drain`]: the `drain` command.
 //! - [`status`]: the `status` command and the persisted last-beat record.
+//!
+//! Binaries besides `callfence-agent` (in `src/bin/`): `callfence-demo-app`,
+//! a minimal voice app, and `callfence-fake-telnyx`, the one fake Telnyx Call
+//! Control API that `make dev`, the end-to-end suites and this crate's
+//! integration tests share.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -10,8 +10,12 @@
 //!   `{"answered":true,"first","epoch","command_id","media_token","granted_at"}`.
 //! - `POST /local/dial {...dial options}`: Telnyx `POST /v2/calls`, then the
 //!   claim (`POST /v1/claims`) so the new session's events come back here.
-//! - `POST /local/media/verify {"media_token"}`: the edge's fenced media check,
-//!   its answer passed through.
+//! - `POST /local/media/verify {"media_token"}`: the edge's fenced media check;
+//!   its verdict ([`callfence_core::wire::MediaValid`] or
+//!   [`callfence_core::wire::MediaInvalid`]) with the edge's 200 or 409.
+//!
+//! The edge's bodies are core's wire types ([`callfence_core::wire`]); this
+//! module never spells them with string keys.
 //! - `GET /local/status`: the running agent's last beat and mode.
 //! - `GET /healthz`: 200 while the process serves.
 //! - `GET /readyz`: 200 only when the mode is `active`, the last beat is
@@ -27,6 +31,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
+
+use callfence_core::wire::{
+    ClaimRefused, ClaimRequest, Claimed, FenceGrant, FenceRefused, FenceRequest, MediaInvalid,
+    MediaValid, MediaVerifyRequest,
+};
 
 use crate::clock::now_ms;
 use crate::context::Agent;
@@ -105,36 +114,42 @@ async fn answer_inner(agent: &Arc<Agent>, body: &[u8]) -> Result<Response, Respo
     for k in ["call_control_id", "call_session_id", "epoch", "command_id"] {
         options.remove(k);
     }
-    let fence_body = json!({"call_session_id": session, "call_control_id": ccid, "epoch": epoch, "purpose": "answer"});
+    let request = FenceRequest::answer(&session, &ccid, epoch);
     let fence = agent
         .edge
-        .post_signed(
-            agent.keys.current(),
-            "/v1/fence",
-            fence_body.to_string().into_bytes(),
-            now_ms(),
-        )
+        .post_json(agent.keys.current(), "/v1/fence", &request, now_ms())
         .await;
     let log_fields = |outcome: &str| json!({"call_session_id": session, "call_control_id": ccid, "epoch": epoch, "outcome": outcome});
+    let unavailable = |edge_status: Option<u16>| {
+        let mut body = json!({"answered": false, "reason": "fence_unavailable"});
+        if let Some(status) = edge_status {
+            body["edge_status"] = json!(status);
+        }
+        reply(StatusCode::BAD_GATEWAY, body)
+    };
     let grant = match fence {
         Err(e) => {
             crate::log::warn(
                 "fence_unavailable",
                 json!({"call_session_id": session, "epoch": epoch, "reason": e}),
             );
-            return Err(reply(
-                StatusCode::BAD_GATEWAY,
-                json!({"answered": false, "reason": "fence_unavailable"}),
-            ));
+            return Err(unavailable(None));
         }
-        Ok(r) if r.status == 200 && r.body["granted"] == true => r.body,
+        Ok(r) if r.status == 200 => match r.decode::<FenceGrant>() {
+            Some(grant) if grant.granted && grant.command_id.len() == 36 => grant,
+            _ => {
+                crate::log::warn(
+                    "fence_unavailable",
+                    json!({"call_session_id": session, "epoch": epoch, "edge_status": r.status, "code": "unexpected_answer"}),
+                );
+                return Err(unavailable(Some(r.status)));
+            }
+        },
         Ok(r) if r.status == 409 => {
-            let reason = r.body["reason"]
-                .as_str()
-                .unwrap_or("fence_refused")
-                .chars()
-                .take(64)
-                .collect::<String>();
+            // A refusal this version cannot read is still a refusal.
+            let reason = r
+                .decode::<FenceRefused>()
+                .map_or("fence_refused", |f| f.reason.code());
             crate::log::warn(
                 "fence_refused",
                 json!({"call_session_id": session, "epoch": epoch, "reason": reason}),
@@ -149,30 +164,17 @@ async fn answer_inner(agent: &Arc<Agent>, body: &[u8]) -> Result<Response, Respo
                 "fence_unavailable",
                 json!({"call_session_id": session, "epoch": epoch, "edge_status": r.status, "code": r.error_code()}),
             );
-            return Err(reply(
-                StatusCode::BAD_GATEWAY,
-                json!({"answered": false, "reason": "fence_unavailable", "edge_status": r.status}),
-            ));
+            return Err(unavailable(Some(r.status)));
         }
     };
-    let Some(command_id) = grant["command_id"]
-        .as_str()
-        .filter(|c| c.len() == 36)
-        .map(str::to_string)
-    else {
-        return Err(reply(
-            StatusCode::BAD_GATEWAY,
-            json!({"answered": false, "reason": "fence_unavailable"}),
-        ));
-    };
-    options.insert("command_id".into(), Value::String(command_id.clone()));
+    options.insert("command_id".into(), Value::String(grant.command_id.clone()));
     let result = telnyx.answer(&ccid, &Value::Object(options)).await;
     let granted = json!({
-        "epoch": epoch,
-        "first": grant["first"],
-        "command_id": command_id,
-        "media_token": grant["media_token"],
-        "granted_at": grant["granted_at"],
+        "epoch": grant.epoch,
+        "first": grant.first,
+        "command_id": grant.command_id,
+        "media_token": grant.media_token,
+        "granted_at": grant.granted_at,
     });
     let ledger = agent.ledger.clone();
     let (leg, leg_session) = (ccid.clone(), session.clone());
@@ -259,9 +261,10 @@ async fn dial(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
         ledger.note_leg(&leg, Some(&leg_session), true, now_ms())
     })
     .await;
-    let claim = json!({"call_control_id": ccid, "call_session_id": session})
-        .to_string()
-        .into_bytes();
+    let claim = ClaimRequest {
+        call_control_id: ccid.to_string(),
+        call_session_id: session.to_string(),
+    };
     let mut last = None;
     for attempt in 0..3u64 {
         if attempt > 0 {
@@ -269,28 +272,36 @@ async fn dial(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
         }
         match agent
             .edge
-            .post_signed(agent.keys.current(), "/v1/claims", claim.clone(), now_ms())
+            .post_json(agent.keys.current(), "/v1/claims", &claim, now_ms())
             .await
         {
-            Ok(c) if c.status == 200 => {
-                crate::log::info(
-                    "call_claimed",
-                    json!({"call_session_id": session, "call_control_id": ccid, "epoch": c.body["epoch"]}),
-                );
-                return reply(
-                    StatusCode::OK,
-                    json!({"dialed": true, "claimed": true, "call_control_id": ccid, "call_session_id": session,
-                           "epoch": c.body["epoch"], "telnyx": data}),
-                );
-            }
+            // A repeated claim by the owner answers the same, so an answer
+            // this version cannot read is retried like a lost one.
+            Ok(c) if c.status == 200 => match c.decode::<Claimed>() {
+                Some(claimed) if claimed.claimed => {
+                    crate::log::info(
+                        "call_claimed",
+                        json!({"call_session_id": session, "call_control_id": ccid, "epoch": claimed.epoch}),
+                    );
+                    return reply(
+                        StatusCode::OK,
+                        json!({"dialed": true, "claimed": true, "call_control_id": ccid, "call_session_id": session,
+                               "epoch": claimed.epoch, "telnyx": data}),
+                    );
+                }
+                _ => last = Some("unexpected_answer".to_string()),
+            },
             Ok(c) if c.status == 409 => {
+                let reason = c
+                    .decode::<ClaimRefused>()
+                    .map_or("claim_refused", |r| r.reason.code());
                 crate::log::warn(
                     "claim_refused",
-                    json!({"call_session_id": session, "reason": c.body["reason"]}),
+                    json!({"call_session_id": session, "reason": reason}),
                 );
                 return reply(
                     StatusCode::CONFLICT,
-                    json!({"dialed": true, "claimed": false, "reason": c.body["reason"], "call_control_id": ccid,
+                    json!({"dialed": true, "claimed": false, "reason": reason, "call_control_id": ccid,
                            "call_session_id": session, "telnyx": data}),
                 );
             }
@@ -310,44 +321,48 @@ async fn dial(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
 }
 
 async fn media_verify(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
-    let m = match object(&body) {
-        Ok(m) => m,
-        Err((s, v)) => return reply(s, v),
-    };
-    let Some(token) = m
-        .get("media_token")
-        .and_then(Value::as_str)
-        .filter(|t| !t.is_empty() && t.len() <= 2048)
-    else {
-        return reply(
-            StatusCode::BAD_REQUEST,
-            json!({"error": "bad_request", "problem": "media_token must be a string"}),
-        );
-    };
-    let req = json!({"media_token": token}).to_string().into_bytes();
-    match agent
-        .edge
-        .post_signed(agent.keys.current(), "/v1/media/verify", req, now_ms())
-        .await
-    {
-        Ok(r) if r.status == 200 || r.status == 409 => {
-            crate::log::info(
-                "media_checked",
-                json!({"valid": r.body["valid"], "reason": r.body["reason"]}),
-            );
-            reply(
-                StatusCode::from_u16(r.status).unwrap_or(StatusCode::OK),
-                r.body,
+    let request = match serde_json::from_slice::<MediaVerifyRequest>(&body) {
+        Ok(r) if r.check().is_ok() => r,
+        _ => {
+            return reply(
+                StatusCode::BAD_REQUEST,
+                json!({"error": "bad_request", "problem": "media_token must be a string of 1 to 2048 bytes"}),
             )
         }
-        Ok(r) => reply(
-            StatusCode::BAD_GATEWAY,
-            json!({"valid": false, "reason": "edge_unavailable", "edge_status": r.status}),
-        ),
-        Err(_) => reply(
-            StatusCode::BAD_GATEWAY,
-            json!({"valid": false, "reason": "edge_unavailable"}),
-        ),
+    };
+    let unavailable = |edge_status: Option<u16>| {
+        let mut body = json!({"valid": false, "reason": "edge_unavailable"});
+        if let Some(status) = edge_status {
+            body["edge_status"] = json!(status);
+        }
+        reply(StatusCode::BAD_GATEWAY, body)
+    };
+    let r = match agent
+        .edge
+        .post_json(agent.keys.current(), "/v1/media/verify", &request, now_ms())
+        .await
+    {
+        Ok(r) => r,
+        Err(_) => return unavailable(None),
+    };
+    let verdict = match r.status {
+        200 => r
+            .decode::<MediaValid>()
+            .map(|v| (StatusCode::OK, json!(v), None)),
+        409 => r
+            .decode::<MediaInvalid>()
+            .map(|v| (StatusCode::CONFLICT, json!(v), Some(v.reason.code()))),
+        _ => None,
+    };
+    match verdict {
+        Some((status, body, reason)) => {
+            crate::log::info(
+                "media_checked",
+                json!({"valid": status == StatusCode::OK, "reason": reason}),
+            );
+            reply(status, body)
+        }
+        None => unavailable(Some(r.status)),
     }
 }
 

@@ -48,3 +48,67 @@ pub fn describe(e: &reqwest::Error) -> String {
         "transport_error".into()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// A loopback server answering every connection with `raw`.
+    async fn answering(raw: &'static str) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                let mut request = [0u8; 4096];
+                let _ = conn.read(&mut request);
+                let _ = conn.write_all(raw.as_bytes());
+            }
+        });
+        format!("http://{addr}/")
+    }
+
+    async fn body_of(raw: &'static str, limit: usize) -> Result<Vec<u8>, String> {
+        let url = answering(raw).await;
+        let resp = client().unwrap().get(url).send().await.unwrap();
+        read_limited(resp, limit).await
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_an_answer_not_followed() {
+        let url = answering("HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/elsewhere\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
+        let resp = client().unwrap().get(url).send().await.unwrap();
+        assert_eq!(resp.status(), 302);
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_up_to_the_limit_and_no_further() {
+        let sized = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello";
+        assert_eq!(body_of(sized, 5).await.unwrap(), b"hello");
+        assert_eq!(
+            body_of(sized, 4).await.unwrap_err(),
+            "response body over 4 bytes"
+        );
+        // Without a length up front, the limit is enforced while reading.
+        let chunked = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+        assert_eq!(body_of(chunked, 11).await.unwrap(), b"hello world");
+        assert_eq!(
+            body_of(chunked, 10).await.unwrap_err(),
+            "response body over 10 bytes"
+        );
+    }
+
+    #[tokio::test]
+    async fn transport_failures_are_described_without_the_url() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let secret_url = format!("http://127.0.0.1:{port}/path?token=s3cret");
+        let err = client().unwrap().get(&secret_url).send().await.unwrap_err();
+        let text = describe(&err);
+        assert_eq!(text, "connect_failed");
+        assert!(!text.contains("s3cret"));
+    }
+}

@@ -18,10 +18,12 @@
 //!    `{"callfence":"not_admitted"}` unless the mode is `active`.
 //! 6. The event is written `received`, then delivered to the app with the
 //!    raw body, the Telnyx headers, `Callfence-Epoch` and
-//!    `Callfence-Call-Session`; a 2xx or 4xx (not 408/429) answer is recorded
-//!    `completed` and returned to the edge. Anything else (3xx, 5xx, 408,
-//!    429, timeout) leaves the event `received` and answers 502/504, which the
-//!    edge treats as an unknown outcome and re-drives.
+//!    `Callfence-Call-Session`; an answer the edge classifies as delivered
+//!    (`callfence_core::outcome`: a 2xx, or a 4xx other than 408/429 that is
+//!    not `{"callfence":"not_admitted"}`) is recorded `completed` and
+//!    returned to the edge. Anything else (3xx, 5xx, 408, 429, timeout)
+//!    leaves the event `received` and answers 502/504, which the edge treats
+//!    as an unknown outcome and re-drives.
 //!
 //! The app is called in a task of its own, so an edge that gives up early
 //! does not cut a delivery in half; the result is recorded for the retry.
@@ -35,6 +37,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use callfence_core::outcome::{self, OriginAnswer};
 use callfence_core::{assertion, telnyx};
 use serde_json::json;
 use tokio::sync::watch;
@@ -307,9 +310,11 @@ async fn first_delivery(agent: &Arc<Agent>, event: Pending, fresh: bool) -> Deli
     }
 }
 
-/// True for the app answers that complete an event.
-pub fn completes(status: u16) -> bool {
-    (200..300).contains(&status) || ((400..500).contains(&status) && status != 408 && status != 429)
+/// True for the app answers that complete an event: exactly those the edge
+/// classifies as delivered ([`outcome::classify`]), so the agent and the
+/// Dispatcher apply one rule.
+pub fn completes(status: u16, body: &[u8]) -> bool {
+    outcome::classify(&OriginAnswer::http(status, body)).is_delivered()
 }
 
 async fn to_app(agent: &Arc<Agent>, event: Pending) -> Delivery {
@@ -337,7 +342,7 @@ async fn to_app(agent: &Arc<Agent>, event: Pending) -> Delivery {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
             match read_limited(resp, MAX_ANSWER_BYTES).await {
-                Ok(body) if completes(status) => Ok(Answer {
+                Ok(body) if completes(status, &body) => Ok(Answer {
                     status,
                     content_type: ctype,
                     body,
@@ -428,10 +433,20 @@ mod tests {
     #[test]
     fn only_2xx_and_plain_4xx_complete() {
         for s in [200, 204, 400, 404, 422] {
-            assert!(completes(s), "{s}");
+            assert!(completes(s, b"{}"), "{s}");
         }
         for s in [301, 408, 429, 500, 503] {
-            assert!(!completes(s), "{s}");
+            assert!(!completes(s, b"{}"), "{s}");
         }
+    }
+
+    #[test]
+    fn an_app_4xx_saying_not_admitted_does_not_complete() {
+        // The edge would take it for a definite non-delivery and move the
+        // call, so the entry must not be completed here either.
+        let not_admitted = br#"{"callfence":"not_admitted"}"#;
+        assert!(!completes(409, not_admitted));
+        assert!(!completes(401, not_admitted));
+        assert!(completes(200, not_admitted));
     }
 }

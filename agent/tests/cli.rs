@@ -1,5 +1,6 @@
 //! The command line, run as a real process: keygen, mode persistence and
-//! fail-closed mode, one heartbeat against an unreachable edge, status.
+//! fail-closed mode, one heartbeat against an unreachable edge, status, and
+//! `run` refusing a ledger written by a newer agent.
 
 mod common;
 
@@ -150,4 +151,40 @@ fn help_names_every_command() {
     ] {
         assert!(text.contains(c), "{c} missing from --help");
     }
+}
+
+#[test]
+fn a_ledger_from_a_newer_agent_stops_run_with_a_clear_error() {
+    let keys = Keys::new();
+    let n = node(&keys, "http://127.0.0.1:9", None);
+    n.set_mode("active");
+    let state = n.dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    rusqlite::Connection::open(state.join("ledger.sqlite3"))
+        .unwrap()
+        .pragma_update(None, "user_version", 99)
+        .unwrap();
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(&n.config)
+        .arg("run")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the agent started on a ledger from a newer version");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("schema version 99") && err.contains("newer callfence-agent"),
+        "{err}"
+    );
 }

@@ -1,9 +1,8 @@
-//! The local API through the real binary: liveness and readiness, and the
-//! rule that Telnyx is never called without a granted fence.
+//! The local API through the real binary: liveness and readiness, the rule
+//! that Telnyx is never called without a granted fence, and a dial reaching
+//! the shared fake Telnyx API.
 
 mod common;
-
-use std::sync::atomic::Ordering;
 
 use common::*;
 use serde_json::json;
@@ -12,8 +11,8 @@ use serde_json::json;
 async fn no_fence_means_no_telnyx_call_and_the_node_is_not_ready() {
     let keys = Keys::new();
     let (app_url, _seen) = demo_app().await;
-    let (telnyx_url, telnyx_hits) = fake_telnyx().await;
-    let mut n = node(&keys, &app_url, Some(&telnyx_url));
+    let telnyx = FakeTelnyx::start();
+    let mut n = node(&keys, &app_url, Some(&telnyx.url));
     n.set_mode("active");
     n.start().await;
     let base = format!("http://{}", n.local);
@@ -45,10 +44,30 @@ async fn no_fence_means_no_telnyx_call_and_the_node_is_not_ready() {
         .unwrap();
     assert_eq!(r.status(), 400, "epoch is required");
     assert_eq!(
-        telnyx_hits.load(Ordering::SeqCst),
-        0,
+        telnyx.record().await,
+        Vec::<serde_json::Value>::new(),
         "Telnyx is never called without a fence"
     );
+
+    // A dial needs no fence: Telnyx gets it (with the agent's API key), and
+    // the claim that follows fails closed without an edge.
+    let r = http
+        .post(format!("{base}/local/dial"))
+        .json(&json!({"to": "+15105550199", "from": "+15102160079", "connection_id": "c1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (&v["dialed"], &v["claimed"], &v["reason"]),
+        (&json!(true), &json!(false), &json!("claim_unavailable"))
+    );
+    let record = telnyx.record().await;
+    assert_eq!(record.len(), 1, "{record:?}");
+    assert_eq!(record[0]["action"], "dial");
+    assert_eq!(record[0]["body"]["to"], "+15105550199");
+    assert_eq!(v["call_control_id"], v["telnyx"]["call_control_id"]);
     assert!(
         !n.log().contains("KEY_test_secret"),
         "the Telnyx API key is never logged"

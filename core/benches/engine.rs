@@ -91,7 +91,7 @@ fn engine(nodes: usize, lines: usize, open_calls: usize) -> Engine<SqliteStore> 
             schema: HEARTBEAT_SCHEMA.into(),
             node: id.clone(),
             seq: 1,
-            sent_at: String::new(),
+            sent_at: callfence_core::time::format_ms(NOW),
             valid_for_s: 30,
             mode: Mode::Active,
             sha: "a".repeat(40),

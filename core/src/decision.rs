@@ -53,3 +53,50 @@ pub struct Decision {
     /// What the decision did.
     pub outcome: DecisionOutcome,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_decision_serialises_with_the_contract_codes() {
+        let decision = Decision {
+            decision_id: 3,
+            at: "2026-11-30T00:53:20.123Z".into(),
+            call_session_id: Some("s1".into()),
+            event_id: Some("e1".into()),
+            policy_revision: Some(2),
+            nodes_revision: Some(5),
+            rule: Some(Rule::CallerOverride),
+            line_id: None,
+            prefers: Some("M3".into()),
+            chosen: Some("M1".into()),
+            chosen_sha: Some("a".repeat(40)),
+            chosen_clean: Some(true),
+            epoch: Some(9),
+            reasons: BTreeMap::from([("M3".to_string(), vec![Reason::ModeDrained, Reason::Dirty])]),
+            outcome: DecisionOutcome::Assigned,
+        };
+        assert_eq!(
+            serde_json::to_value(&decision).unwrap(),
+            json!({"decision_id": 3, "at": "2026-11-30T00:53:20.123Z", "call_session_id": "s1",
+                   "event_id": "e1", "policy_revision": 2, "nodes_revision": 5,
+                   "rule": "caller_override", "line_id": null, "prefers": "M3", "chosen": "M1",
+                   "chosen_sha": "a".repeat(40), "chosen_clean": true, "epoch": 9,
+                   "reasons": {"M3": ["mode_drained", "dirty"]}, "outcome": "assigned"})
+        );
+    }
+
+    #[test]
+    fn outcomes_are_snake_case() {
+        for (outcome, code) in [
+            (DecisionOutcome::Assigned, "assigned"),
+            (DecisionOutcome::Reassigned, "reassigned"),
+            (DecisionOutcome::Pending, "pending"),
+            (DecisionOutcome::Rejected, "rejected"),
+        ] {
+            assert_eq!(serde_json::to_value(outcome).unwrap(), json!(code));
+        }
+    }
+}

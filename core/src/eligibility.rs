@@ -265,7 +265,6 @@ fn beat_reasons(
 mod tests {
     use super::*;
     use crate::heartbeat::Capacity;
-    use std::collections::BTreeMap;
 
     const NOW: i64 = 1_796_000_000_000;
     const ORIGIN: &str = "https://m1.example.com/callfence/telnyx";
@@ -275,16 +274,7 @@ mod tests {
     };
 
     fn entry(role: Role) -> NodeEntry {
-        NodeEntry {
-            role,
-            origin_url: ORIGIN.into(),
-            keys: BTreeMap::new(),
-            fallback_approved: false,
-            admin_drained: false,
-            max_calls: None,
-            canary_go: false,
-            allowed_shas: None,
-        }
+        NodeEntry::bare(role, ORIGIN)
     }
 
     fn beat() -> Beat {

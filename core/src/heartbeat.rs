@@ -80,7 +80,8 @@ pub struct Heartbeat {
     pub node: String,
     /// Strictly increasing sequence number, 1 to 2^53 − 1.
     pub seq: u64,
-    /// When the agent sent it (RFC 3339, informational).
+    /// When the agent sent it (RFC 3339; informational, but a beat whose
+    /// `sent_at` is not a time is refused).
     pub sent_at: String,
     /// How long the beat stays fresh, 1 to 30 seconds.
     pub valid_for_s: u32,
@@ -180,6 +181,11 @@ pub fn parse(body: &[u8], header_node: &str) -> Result<Heartbeat, HeartbeatError
         ));
     }
     bounded("sent_at", &beat.sent_at, MAX_SENT_AT_CHARS, false)?;
+    if crate::time::parse_ms(&beat.sent_at).is_none() {
+        return Err(HeartbeatError::Invalid(
+            "sent_at must be an RFC 3339 time".into(),
+        ));
+    }
     bounded("sha", &beat.sha, MAX_SHA_CHARS, false)?;
     bounded("origin_url", &beat.origin_url, MAX_ORIGIN_URL_CHARS, false)?;
     bounded(
@@ -333,6 +339,22 @@ mod tests {
         assert!(parse_value(&with(&["agent_version"], s(MAX_AGENT_VERSION_CHARS))).is_ok());
         invalid(&with(&["routing_hash"], s(MAX_ROUTING_HASH_CHARS + 1)));
         invalid(&with(&["sent_at"], s(MAX_SENT_AT_CHARS + 1)));
+        // sent_at: an RFC 3339 time (any offset), nothing else
+        for not_a_time in [
+            "yesterday",
+            "",
+            "2026-11-29",
+            "2026-11-29 22:00:00",
+            "1796000000",
+        ] {
+            match parse_value(&with(&["sent_at"], json!(not_a_time))) {
+                Err(HeartbeatError::Invalid(why)) => assert!(why.contains("sent_at"), "{why}"),
+                other => panic!("sent_at {not_a_time:?}: {other:?}"),
+            }
+        }
+        invalid(&with(&["sent_at"], json!(1796000000)));
+        assert!(parse_value(&with(&["sent_at"], json!("2026-11-29T23:00:00+01:00"))).is_ok());
+        assert!(parse_value(&with(&["sent_at"], json!("2026-11-29T22:00:00Z"))).is_ok());
         invalid(&with(&["agent_version"], json!("0.1\n0")));
         // node: non-empty, bounded (the header must match too)
         let long_node = "n".repeat(MAX_NODE_CHARS + 1);

@@ -17,6 +17,9 @@
 //! - [`media`]: HMAC media tokens.
 //! - [`fence`]: the deterministic answer `command_id`.
 //! - [`heartbeat`]: heartbeat documents and the routing hash.
+//! - [`wire`]: the node routes' request and answer bodies (fence, claim,
+//!   media check, heartbeat answer), serialised by the agent and the
+//!   Dispatcher alike.
 //!
 //! Documents (validated, versioned by compare-and-set):
 //! - [`problem`]: `{path, problem}` validation findings.
@@ -76,6 +79,7 @@ pub mod selection;
 pub mod store;
 pub mod telnyx;
 pub mod time;
+pub mod wire;
 
 /// The largest epoch or revision the Dispatcher will issue: the Durable
 /// Object's SQLite binding carries integers as JavaScript numbers.

@@ -287,21 +287,25 @@ mod tests {
 
     #[test]
     fn skew_of_301_seconds_is_stale_and_300_is_accepted() {
-        for (offset, ok) in [(-301, false), (301, false), (-300, true), (300, true)] {
-            let (ts, sig) = signed(&(NOW_S + offset).to_string());
-            let got = verify(
-                &headers(&ts, &sig),
-                "POST",
-                HOST,
-                PATH,
-                BODY,
-                NOW_MS,
-                registry,
-            );
-            if ok {
-                assert_eq!(got.as_deref(), Ok("M3"), "offset {offset}");
-            } else {
-                assert_eq!(got, Err(NodeAuthError::StaleTimestamp), "offset {offset}");
+        // Symmetric wherever in its second the edge's clock is.
+        for into_second_ms in [0, 1, 500, 999] {
+            for (offset, ok) in [(-301, false), (301, false), (-300, true), (300, true)] {
+                let (ts, sig) = signed(&(NOW_S + offset).to_string());
+                let got = verify(
+                    &headers(&ts, &sig),
+                    "POST",
+                    HOST,
+                    PATH,
+                    BODY,
+                    NOW_MS + into_second_ms,
+                    registry,
+                );
+                let at = format!("offset {offset} s at {into_second_ms} ms into the second");
+                if ok {
+                    assert_eq!(got.as_deref(), Ok("M3"), "{at}");
+                } else {
+                    assert_eq!(got, Err(NodeAuthError::StaleTimestamp), "{at}");
+                }
             }
         }
         assert_eq!(NodeAuthError::StaleTimestamp.code(), "stale_timestamp");

@@ -1,5 +1,9 @@
 //! Forward outcomes: how the origin's answer to a forwarded webhook is
 //! classified (SPEC §7.7). Only a definite non-delivery may move a call.
+//!
+//! The one rule for both ends: the Dispatcher classifies what the node's
+//! agent answered, and the agent completes its ledger entry exactly when the
+//! app's answer classifies as delivered ([`OutcomeClass::is_delivered`]).
 
 /// What came back from the origin for one forward attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +25,17 @@ pub enum OriginAnswer {
 /// owners after definite non-deliveries while the budget allows (a call still
 /// moving after that is answered 503 `reassigned` and the alarm delivers).
 pub const MAX_FORWARDS_PER_WEBHOOK: usize = 3;
+
+impl OriginAnswer {
+    /// An HTTP answer, its body truncated to [`MAX_RECORDED_BODY`] bytes as
+    /// it is recorded and classified.
+    pub fn http(status: u16, body: &[u8]) -> Self {
+        OriginAnswer::Http {
+            status,
+            body: truncate_body(&String::from_utf8_lossy(body)),
+        }
+    }
+}
 
 /// The largest origin body recorded with an outcome.
 pub const MAX_RECORDED_BODY: usize = 4096;
@@ -171,6 +186,21 @@ mod tests {
         ] {
             assert_eq!(classify(&answer).early_answer(), early, "{answer:?}");
         }
+    }
+
+    #[test]
+    fn http_answers_are_classified_on_their_recorded_body() {
+        assert_eq!(
+            OriginAnswer::http(409, br#"{"callfence":"not_admitted"}"#),
+            http(409, r#"{"callfence":"not_admitted"}"#)
+        );
+        let long = OriginAnswer::http(200, &vec![b'x'; MAX_RECORDED_BODY + 10]);
+        assert_eq!(long, http(200, &"x".repeat(MAX_RECORDED_BODY)));
+        // Bytes that are not UTF-8 are replaced, never a panic.
+        assert_eq!(
+            classify(&OriginAnswer::http(404, &[0xff, 0xfe])),
+            OutcomeClass::DeliveredWithError
+        );
     }
 
     #[test]

@@ -49,3 +49,43 @@ impl Problems {
 pub fn pointer_segment(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointer_segments_escape_tilde_before_slash() {
+        assert_eq!(pointer_segment("M1"), "M1");
+        assert_eq!(pointer_segment("a/b"), "a~1b");
+        assert_eq!(pointer_segment("a~b"), "a~0b");
+        // `~1` in a key is a tilde and a one, not an escaped slash.
+        assert_eq!(pointer_segment("~1"), "~01");
+        assert_eq!(pointer_segment("/~"), "~1~0");
+    }
+
+    #[test]
+    fn findings_are_kept_in_order_and_only_an_empty_walk_succeeds() {
+        let problems = Problems::new();
+        assert!(problems.is_empty());
+        assert_eq!(problems.into_result(7), Ok(7));
+
+        let mut problems = Problems::new();
+        problems.push("/nodes/M1/role", "must be stable or candidate");
+        problems.push("", "not an object");
+        assert!(!problems.is_empty());
+        assert_eq!(
+            problems.into_result(()),
+            Err(vec![
+                Problem {
+                    path: "/nodes/M1/role".into(),
+                    problem: "must be stable or candidate".into()
+                },
+                Problem {
+                    path: "".into(),
+                    problem: "not an object".into()
+                },
+            ])
+        );
+    }
+}

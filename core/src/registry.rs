@@ -609,6 +609,24 @@ fn is_host(host: &str) -> bool {
 }
 
 #[cfg(test)]
+impl NodeEntry {
+    /// A registered node of `role` at `origin_url` with no keys and every
+    /// flag and limit off: the starting point of other modules' tests.
+    pub(crate) fn bare(role: Role, origin_url: &str) -> Self {
+        NodeEntry {
+            role,
+            origin_url: origin_url.into(),
+            keys: BTreeMap::new(),
+            fallback_approved: false,
+            admin_drained: false,
+            max_calls: None,
+            canary_go: false,
+            allowed_shas: None,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use ed25519_dalek::SigningKey;

@@ -174,8 +174,14 @@ impl fmt::Display for SignatureError {
 impl std::error::Error for SignatureError {}
 
 /// Parses a decimal Unix-seconds timestamp and checks it is within `max_skew_s`
-/// of `now_ms` (inclusive, at millisecond precision). `None` when it is not
-/// plain ASCII digits or is out of range.
+/// of `now_ms` either way, inclusive. `None` when it is not plain ASCII digits
+/// or is out of range.
+///
+/// The timestamp has whole seconds, so the comparison is in whole seconds
+/// too: `now_ms` is truncated to its second first. (Comparing at millisecond
+/// precision made the window lopsided: in the middle of a second, a
+/// timestamp exactly `max_skew_s` old was refused while one `max_skew_s` in
+/// the future was accepted.)
 pub(crate) fn timestamp_within(timestamp: &str, now_ms: i64, max_skew_s: i64) -> Option<i64> {
     if timestamp.is_empty()
         || timestamp.len() > MAX_TIMESTAMP_DIGITS
@@ -184,9 +190,8 @@ pub(crate) fn timestamp_within(timestamp: &str, now_ms: i64, max_skew_s: i64) ->
         return None;
     }
     let seconds: i64 = timestamp.parse().ok()?;
-    let at_ms = seconds.checked_mul(1000)?;
-    let distance = at_ms.abs_diff(now_ms);
-    (distance <= max_skew_s.unsigned_abs().saturating_mul(1000)).then_some(seconds)
+    let distance = seconds.abs_diff(now_ms.div_euclid(1000));
+    (distance <= max_skew_s.unsigned_abs()).then_some(seconds)
 }
 
 /// Verifies a Telnyx webhook: the `telnyx-signature-ed25519` header (strict
@@ -508,28 +513,37 @@ mod tests {
     fn timestamp_window_is_300_seconds_inclusive_either_way() {
         let k = key(1);
         let keys = keys_of(&[&k]);
-        for (offset, want) in [
-            (-301, Err(SignatureError::StaleTimestamp)),
-            (301, Err(SignatureError::StaleTimestamp)),
-            (-300, Ok(())),
-            (300, Ok(())),
-            (0, Ok(())),
-        ] {
-            let ts = (NOW_S + offset).to_string();
-            let sig = sign(&k, &ts, BODY);
-            assert_eq!(
-                verify(&keys, Some(&sig), Some(&ts), BODY, NOW_MS),
-                want,
-                "offset {offset}"
-            );
+        // Wherever in its second the edge's clock is, 300 s either way is
+        // accepted and 301 s either way is stale: the window is symmetric.
+        for into_second_ms in [0, 1, 500, 999] {
+            let now_ms = NOW_MS + into_second_ms;
+            for (offset, want) in [
+                (-301, Err(SignatureError::StaleTimestamp)),
+                (301, Err(SignatureError::StaleTimestamp)),
+                (-300, Ok(())),
+                (300, Ok(())),
+                (0, Ok(())),
+            ] {
+                let ts = (NOW_S + offset).to_string();
+                let sig = sign(&k, &ts, BODY);
+                assert_eq!(
+                    verify(&keys, Some(&sig), Some(&ts), BODY, now_ms),
+                    want,
+                    "offset {offset} s at {into_second_ms} ms into the second"
+                );
+            }
         }
-        // Millisecond precision: 300 s and 1 ms late is stale.
-        let ts = NOW_S.to_string();
-        let sig = sign(&k, &ts, BODY);
-        assert_eq!(
-            verify(&keys, Some(&sig), Some(&ts), BODY, NOW_MS + 300_001),
-            Err(SignatureError::StaleTimestamp)
-        );
+    }
+
+    #[test]
+    fn timestamp_window_compares_whole_seconds() {
+        assert_eq!(timestamp_within("1000", 1_300_999, 300), Some(1000));
+        assert_eq!(timestamp_within("1000", 1_301_000, 300), None);
+        assert_eq!(timestamp_within("1300", 1_000_000, 300), Some(1300));
+        assert_eq!(timestamp_within("1301", 1_000_999, 300), None);
+        // Before the epoch the second is floored, not rounded toward zero.
+        assert_eq!(timestamp_within("0", -1, 0), None);
+        assert_eq!(timestamp_within("0", -1, 1), Some(0));
     }
 
     #[test]

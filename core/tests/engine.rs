@@ -84,7 +84,7 @@ impl World {
             schema: HEARTBEAT_SCHEMA.into(),
             node: node.into(),
             seq: self.seq,
-            sent_at: String::new(),
+            sent_at: "2026-11-30T00:53:20.000Z".into(),
             valid_for_s: 30,
             mode: Mode::Active,
             sha: "c".repeat(40),
@@ -135,7 +135,7 @@ impl World {
             call_session_id: session.into(),
             call_control_id: format!("leg-{session}"),
             epoch,
-            purpose: "answer".into(),
+            purpose: callfence_core::wire::FencePurpose::Answer,
         };
         self.engine
             .handle_fence(node, &req, &self.media, self.now)

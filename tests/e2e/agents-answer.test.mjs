@@ -39,9 +39,9 @@ describe("answering through real agents", () => {
     }
     assert.equal(later[0].body.delivered_to, "M1");
     const { epoch } = later[0].body;
-    await waitFor("the app's answer at Telnyx", () => c.telnyx.answers(call.ccid).length > 0);
+    await waitFor("the app's answer at Telnyx", async () => (await c.telnyx.answers(call.ccid)).length > 0);
     await sleep(1_000); // room for any second answer (resends come within 400 ms)
-    const ids = new Set(c.telnyx.answers(call.ccid).map((r) => r.body.command_id));
+    const ids = new Set((await c.telnyx.answers(call.ccid)).map((r) => r.body.command_id));
     assert.deepEqual([...ids], [commandId(call.ccid, epoch)]);
     assert.equal((await c.nodes.M1.appEvents())[call.eventId("init")].count, 1, "the app was handed it once");
     assert.equal((await c.nodes.M2.appEvents())[call.eventId("init")], undefined);
@@ -55,9 +55,9 @@ describe("answering through real agents", () => {
     assert.equal(res.body.delivered_to, "M1", JSON.stringify(res.body));
     const { epoch } = res.body;
     assert.ok(epoch > 1, "earlier calls took lower epochs");
-    await waitFor("the app's own answer", () => c.telnyx.answers(call.ccid).length > 0);
+    await waitFor("the app's own answer", async () => (await c.telnyx.answers(call.ccid)).length > 0);
     await sleep(500);
-    const before = c.telnyx.requests.length;
+    const before = (await c.telnyx.requests()).length;
 
     const stale = await c.nodes.M1.local("/local/answer", {
       call_control_id: call.ccid,
@@ -77,7 +77,7 @@ describe("answering through real agents", () => {
     assert.deepEqual(other.body, { answered: false, reason: "not_owner" });
 
     await sleep(700);
-    assert.equal(c.telnyx.requests.length, before, "Telnyx saw nothing from the refused attempts");
+    assert.equal((await c.telnyx.requests()).length, before, "Telnyx saw nothing from the refused attempts");
 
     // The owner at its epoch resumes the same grant (crash-resume), same command_id.
     const owner = await c.nodes.M1.local("/local/answer", {
@@ -96,7 +96,7 @@ describe("answering through real agents", () => {
     assert.equal(dial.status, 200, JSON.stringify(dial.body));
     assert.equal(dial.body.claimed, true);
     const { call_control_id: ccid, call_session_id: session, epoch } = dial.body;
-    const dialReq = c.telnyx.requests.find((r) => r.action === "dial");
+    const dialReq = (await c.telnyx.requests()).find((r) => r.action === "dial");
     assert.equal(dialReq.body.to, "+15105550199");
 
     // The session is M2's although the policy's line prefers M1.
@@ -120,7 +120,7 @@ describe("answering through real agents", () => {
     const [decision] = await c.decisions(session);
     assert.equal(decision.rule, "claim");
     assert.equal(decision.chosen, "M2");
-    assert.equal(c.telnyx.answers(ccid).length, 0, "an outgoing leg is not answered");
+    assert.equal((await c.telnyx.answers(ccid)).length, 0, "an outgoing leg is not answered");
 
     // Another node cannot claim it.
     const claimBody = JSON.stringify({ call_control_id: ccid, call_session_id: session });
@@ -150,7 +150,7 @@ describe("answering through real agents", () => {
     const call = newCall("crash");
     const init = await c.deliver(initiated(call));
     assert.equal(init.body.delivered_to, "M1");
-    await waitFor("the answer", () => c.telnyx.answers(call.ccid).length > 0);
+    await waitFor("the answer", async () => (await c.telnyx.answers(call.ccid)).length > 0);
 
     // The app turns slow: it takes 3 s over each webhook.
     await m1.killApp();

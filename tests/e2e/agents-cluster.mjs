@@ -2,7 +2,8 @@
 // and Dispatcher in Miniflare (harness.mjs), one real `callfence-agent run`
 // per node (its own TOML config, 0600 key file, state directory and a git
 // checkout with one commit), a `callfence-demo-app` per node as the voice app,
-// and a fake Telnyx API on loopback that records every command.
+// and the shared fake Telnyx API (`callfence-fake-telnyx`, scripts/fake-telnyx.mjs)
+// on loopback, which records every command.
 //
 // The agent binaries are built in `agentBins()` with `cargo build -p
 // callfence-agent --bins` in the repository's own target directory; set
@@ -14,9 +15,9 @@
 import { spawn, spawnSync } from "node:child_process";
 import { createHash, sign as cryptoSign } from "node:crypto";
 import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:http";
 import { createServer as createNetServer } from "node:net";
 import { join } from "node:path";
+import { startFakeTelnyx } from "../../scripts/fake-telnyx.mjs";
 import { bearer, durableScratchRoot, ed25519, nowSeconds, read, ROOT, sha256Hex, startEdge, telnyxHeaders } from "./harness.mjs";
 
 export const LINE = { id: "main", number: "+15102160079" };
@@ -44,7 +45,8 @@ for (const signal of ["SIGINT", "SIGTERM"]) {
 }
 
 let bins;
-/** The directory holding callfence-agent and callfence-demo-app (built once). */
+/** The directory holding callfence-agent, callfence-demo-app and
+ * callfence-fake-telnyx (built once). */
 export function agentBins() {
   if (bins) return bins;
   if (process.env.CALLFENCE_AGENT_BIN_DIR) return (bins = process.env.CALLFENCE_AGENT_BIN_DIR);
@@ -121,57 +123,17 @@ export function event({ id, type, session, ccid, from = PLAIN_CALLER, to = LINE.
   });
 }
 
-/** A fake Telnyx Call Control API: records every command; `POST /v2/calls` dials. */
-async function startFakeTelnyx() {
-  const requests = [];
-  let dials = 0;
-  const server = createServer((req, res) => {
-    const chunks = [];
-    req.on("data", (c) => chunks.push(c));
-    req.on("end", () => {
-      const text = Buffer.concat(chunks).toString("utf8");
-      let body = null;
-      try {
-        body = JSON.parse(text);
-      } catch {
-        // recorded as null
-      }
-      const path = req.url;
-      const action = path.match(/^\/v2\/calls\/([^/]+)\/actions\/([a-z_]+)$/);
-      const record = {
-        method: req.method,
-        path,
-        ccid: action ? decodeURIComponent(action[1]) : null,
-        action: action ? action[2] : path === "/v2/calls" ? "dial" : null,
-        body,
-        authorization: req.headers.authorization,
-      };
-      requests.push(record);
-      res.writeHead(200, { "content-type": "application/json" });
-      if (record.action === "dial") {
-        dials += 1;
-        res.end(
-          JSON.stringify({
-            data: {
-              call_control_id: `dial-ccid-${dials}`,
-              call_session_id: `dial-session-${dials}-${Date.now()}`,
-              call_leg_id: `dial-leg-${dials}`,
-              record_type: "call",
-              is_alive: false,
-            },
-          }),
-        );
-      } else {
-        res.end(JSON.stringify({ data: { result: "ok" } }));
-      }
-    });
-  });
-  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+/** The shared fake Telnyx API (callfence-fake-telnyx) with the suites' helpers:
+ * `requests()` is every recorded request, `answers(ccid)` the answer commands of one leg. */
+async function startTelnyx(binDir) {
+  const fake = await startFakeTelnyx(binDir);
+  live.add(fake.child);
+  fake.child.once("exit", () => live.delete(fake.child));
   return {
-    url: `http://127.0.0.1:${server.address().port}`,
-    requests,
-    answers: (ccid) => requests.filter((r) => r.action === "answer" && r.ccid === ccid),
-    close: () => new Promise((resolve) => server.close(resolve)),
+    url: fake.url,
+    requests: () => fake.record(),
+    answers: (ccid) => fake.record({ call_control_id: ccid, action: "answer" }),
+    close: () => fake.close(),
   };
 }
 
@@ -228,7 +190,7 @@ export async function startCluster({ nodes, policy }) {
   // Not under /tmp: the agent refuses a temporary state directory.
   const work = mkdtempSync(join(durableScratchRoot(), "e2e-agents-"));
   const edge = await startEdge();
-  const telnyx = await startFakeTelnyx();
+  const telnyx = await startTelnyx(binDir);
   const { keys } = edge;
   const cluster = { edge, telnyx, work, nodes: {}, keys };
 

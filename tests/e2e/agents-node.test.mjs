@@ -115,8 +115,8 @@ describe("node safety through real agents", () => {
     const call = newCall("rotated");
     const res = await c.deliver(event({ id: call.eventId("init"), type: "call.initiated", session: call.session, ccid: call.ccid }));
     assert.equal(res.body.delivered_to, "M1", JSON.stringify(res.body));
-    const answers = await waitFor("the answer", () => {
-      const a = c.telnyx.answers(call.ccid);
+    const answers = await waitFor("the answer", async () => {
+      const a = await c.telnyx.answers(call.ccid);
       return a.length > 0 ? a : false;
     });
     assert.equal(answers[0].body.command_id, commandId(call.ccid, res.body.epoch));

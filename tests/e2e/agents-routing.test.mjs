@@ -40,8 +40,8 @@ describe("routing across real agents", () => {
 
   /** Waits until the node's app answered the call through the fence (the fake Telnyx saw it). */
   async function answeredAt(call, node) {
-    const answers = await waitFor(`an answer for ${call.ccid}`, () => {
-      const a = c.telnyx.answers(call.ccid);
+    const answers = await waitFor(`an answer for ${call.ccid}`, async () => {
+      const a = await c.telnyx.answers(call.ccid);
       return a.length > 0 ? a : false;
     });
     assert.equal(answers[0].body.command_id, commandId(call.ccid, call.res.body.epoch));

@@ -85,7 +85,7 @@ test("make dev runs the demo nodes, a demo call is answered, and stopping leaves
     }
     for (const node of ["M1", "M2", "M3"]) assert.match(out, new RegExp(`${node} .* eligible`), out);
     pids = JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")).children.map((c) => c.pid);
-    assert.equal(pids.length, 7, "workerd and an agent and an app per node");
+    assert.equal(pids.length, 8, "workerd, the fake Telnyx API, and an agent and an app per node");
     for (const file of ["keys/telnyx.seed", "keys/admin-token", "nodes/M1/node.key"]) {
       assert.equal(statSync(join(dir, file)).mode & 0o777, 0o600, file);
     }

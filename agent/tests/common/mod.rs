@@ -356,16 +356,53 @@ pub async fn demo_app() -> (String, Arc<AppSeen>) {
     (format!("http://{addr}"), seen)
 }
 
-/// A fake Telnyx API counting every request.
-pub async fn fake_telnyx() -> (String, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    async fn any(State(h): State<Arc<AtomicUsize>>) -> Json<Value> {
-        h.fetch_add(1, Ordering::SeqCst);
-        Json(json!({"data": {"result": "ok"}}))
+pub const FAKE_TELNYX_BIN: &str = env!("CARGO_BIN_EXE_callfence-fake-telnyx");
+
+/// The shared fake Telnyx API (`callfence-fake-telnyx`, the one `make dev`
+/// and the end-to-end cluster use too), as a process on a free port.
+pub struct FakeTelnyx {
+    pub url: String,
+    child: Child,
+}
+
+impl FakeTelnyx {
+    /// Starts it and reads its URL from its first line.
+    pub fn start() -> FakeTelnyx {
+        use std::io::BufRead;
+        let mut child = Command::new(FAKE_TELNYX_BIN)
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        out.read_line(&mut first).unwrap();
+        let url = first
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("callfence-fake-telnyx said {first:?}"))
+            .to_string();
+        // Keep draining its per-request lines so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in out.lines() {});
+        FakeTelnyx { url, child }
     }
-    let app = Router::new().fallback(any).with_state(hits.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}"), hits)
+
+    /// Every request it recorded (`GET /__record`).
+    pub async fn record(&self) -> Vec<Value> {
+        let v: Value = reqwest::get(format!("{}/__record", self.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["commands"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+impl Drop for FakeTelnyx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

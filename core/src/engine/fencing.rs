@@ -9,49 +9,8 @@ use crate::fence::command_id;
 use crate::media::{self, MediaClaims, MediaError, MediaKeys};
 use crate::store::{Store, Value};
 use crate::time::format_ms;
-use serde::Serialize;
 
-/// A fence grant (200).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FenceGrant {
-    /// Always true.
-    pub granted: bool,
-    /// True for the first grant, false when the same owner asks again.
-    pub first: bool,
-    /// The epoch granted.
-    pub epoch: u64,
-    /// The deterministic answer command id.
-    pub command_id: String,
-    /// The media token for this call.
-    pub media_token: String,
-    /// When the fence was first granted.
-    pub granted_at: String,
-}
-
-/// Why a fence is refused (409).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FenceRefusal {
-    /// The epoch is not the session's current one.
-    StaleEpoch,
-    /// The caller does not own the session.
-    NotOwner,
-    /// Every leg has hung up.
-    CallEnded,
-    /// No such session or leg.
-    UnknownCall,
-}
-
-impl FenceRefusal {
-    /// The stable reason code.
-    pub fn code(self) -> &'static str {
-        match self {
-            FenceRefusal::StaleEpoch => "stale_epoch",
-            FenceRefusal::NotOwner => "not_owner",
-            FenceRefusal::CallEnded => "call_ended",
-            FenceRefusal::UnknownCall => "unknown_call",
-        }
-    }
-}
+pub use crate::wire::{FenceGrant, FenceRefusal, MediaRefusal};
 
 /// The answer to a fence request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,37 +36,6 @@ pub enum ClaimReply {
     AlreadyOwned,
     /// The claimer is not in the current registry (401 `unknown_node_key`).
     NotRegistered,
-}
-
-/// Why a media token is refused (409).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MediaRefusal {
-    /// Bad format, MAC or key, or an unknown call.
-    BadToken,
-    /// Past its `exp`.
-    Expired,
-    /// Minted for another node, or the caller no longer owns the call.
-    NotOwner,
-    /// Minted for an epoch that is not the call's current one.
-    StaleEpoch,
-    /// No fence was granted at that epoch.
-    NotFenced,
-    /// Every leg has hung up.
-    CallEnded,
-}
-
-impl MediaRefusal {
-    /// The stable reason code.
-    pub fn code(self) -> &'static str {
-        match self {
-            MediaRefusal::BadToken => "bad_token",
-            MediaRefusal::Expired => "expired",
-            MediaRefusal::NotOwner => "not_owner",
-            MediaRefusal::StaleEpoch => "stale_epoch",
-            MediaRefusal::NotFenced => "not_fenced",
-            MediaRefusal::CallEnded => "call_ended",
-        }
-    }
 }
 
 /// The answer to a media check.

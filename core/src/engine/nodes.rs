@@ -5,11 +5,11 @@ use super::rows::OPEN_STATES;
 use super::{Engine, EngineError};
 use crate::eligibility::{self, Beat, Candidacy, NodeFacts, Reason};
 use crate::encoding::sha256_hex;
-use crate::heartbeat::{self, routing_hash};
+use crate::heartbeat;
 use crate::store::{Store, Value};
-use crate::time::format_ms;
+use crate::wire::{HeartbeatAnswer, RoutingView};
 use serde::Serialize;
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 use std::collections::BTreeMap;
 
 /// Why a heartbeat was refused; nothing is stored.
@@ -149,13 +149,12 @@ impl<S: Store> Engine<S> {
             .policy()?
             .map(|(_, p)| p.routing_lines())
             .unwrap_or_default();
-        let answer = json!({
-            "accepted": true,
-            "eligible": reasons.is_empty(),
-            "reasons": reasons,
-            "edge_time": format_ms(now_ms),
-            "routing": {"hash": routing_hash(&lines), "lines": lines},
-        });
+        let answer = serde_json::to_value(HeartbeatAnswer::new(
+            &reasons,
+            now_ms,
+            RoutingView::of(lines),
+        ))
+        .map_err(|_| EngineError::Corrupt("heartbeat answer".into()))?;
         let body_text = String::from_utf8_lossy(body).into_owned();
         self.exec(
             "INSERT INTO heartbeats (node, seq, body, body_sha256, received_at, signed_at, answer) VALUES (?, ?, ?, ?, ?, ?, ?) \

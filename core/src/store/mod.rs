@@ -102,3 +102,31 @@ fn statements(sql: &str) -> impl Iterator<Item = &str> {
                 .any(|line| !line.trim().is_empty() && !line.trim_start().starts_with("--"))
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_split_at_line_ending_semicolons_and_skip_comments() {
+        let sql = "-- the schema\nCREATE TABLE a (x TEXT DEFAULT ';');\n\n-- only a comment;\nCREATE INDEX a_x ON a (x);\nINSERT INTO a VALUES ('1;2');";
+        assert_eq!(
+            statements(sql).collect::<Vec<_>>(),
+            [
+                "-- the schema\nCREATE TABLE a (x TEXT DEFAULT ';')",
+                "CREATE INDEX a_x ON a (x)",
+                "INSERT INTO a VALUES ('1;2')",
+            ]
+        );
+        assert_eq!(statements("").count(), 0);
+        assert_eq!(statements("-- nothing\n;\n").count(), 0);
+    }
+
+    #[test]
+    fn every_shipped_migration_has_statements_and_a_unique_name() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert!(statements(m.sql).count() > 0, "{}", m.name);
+            assert!(m.name.starts_with(&format!("{:04}_", i + 1)), "{}", m.name);
+        }
+    }
+}

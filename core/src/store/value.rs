@@ -81,3 +81,48 @@ impl<T: Into<Value>> From<Option<T>> for Value {
         v.map_or(Value::Null, Into::into)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_read_back_from_whole_reals_within_2_pow_53() {
+        assert_eq!(Value::Int(-4).as_int(), Some(-4));
+        assert_eq!(Value::Real(42.0).as_int(), Some(42));
+        assert_eq!(
+            Value::Real(-9_007_199_254_740_991.0).as_int(),
+            Some(-9_007_199_254_740_991)
+        );
+        assert_eq!(Value::Real(9_007_199_254_740_992.0).as_int(), None);
+        assert_eq!(Value::Real(1.5).as_int(), None);
+        assert_eq!(Value::Real(f64::NAN).as_int(), None);
+        assert_eq!(Value::Text("1".into()).as_int(), None);
+        assert_eq!(Value::Null.as_int(), None);
+    }
+
+    #[test]
+    fn text_reads_only_from_text() {
+        assert_eq!(Value::from("a").as_text(), Some("a"));
+        assert_eq!(
+            Value::from(String::from("b")).into_text(),
+            Some("b".to_string())
+        );
+        assert_eq!(Value::Int(1).as_text(), None);
+        assert_eq!(Value::Null.into_text(), None);
+    }
+
+    #[test]
+    fn conversions() {
+        assert_eq!(Value::from(true), Value::Int(1));
+        assert_eq!(Value::from(false), Value::Int(0));
+        assert_eq!(Value::from(7u64), Value::Int(7));
+        // A u64 never leaves the range the Durable Object can carry.
+        assert_eq!(
+            Value::from(u64::MAX),
+            Value::Int(crate::MAX_SAFE_INTEGER as i64)
+        );
+        assert_eq!(Value::from(None::<i64>), Value::Null);
+        assert_eq!(Value::from(Some("x")), Value::Text("x".into()));
+    }
+}

@@ -521,7 +521,7 @@ impl World {
             call_session_id: session.into(),
             call_control_id: ccid.into(),
             epoch,
-            purpose: "answer".into(),
+            purpose: callfence_core::wire::FencePurpose::Answer,
         };
         let id = self.nodes[node].id;
         let reply = self
