@@ -10,6 +10,7 @@ use crate::protocol;
 use callfence_core::document::DocKind;
 use callfence_core::engine::{DocError, EngineError, FenceRefusal, MediaRefusal, PendingReason};
 use callfence_core::problem::Problem;
+use callfence_core::wire::{ClaimRefusal, ClaimRefused, FenceRefused, MediaInvalid};
 use serde_json::{json, Value as Json};
 
 /// Every business refusal of the Dispatcher.
@@ -163,9 +164,9 @@ impl Refusal {
                 json!({"detail": detail})
             }
             Refusal::MediaKeysMissing => json!({"capability": "node_routes"}),
-            Refusal::Fence(r) => json!({"granted": false, "reason": r.code()}),
-            Refusal::Media(r) => json!({"valid": false, "reason": r.code()}),
-            Refusal::AlreadyOwned => json!({"claimed": false, "reason": "already_owned"}),
+            Refusal::Fence(r) => json!(FenceRefused::from(*r)),
+            Refusal::Media(r) => json!(MediaInvalid::from(*r)),
+            Refusal::AlreadyOwned => json!(ClaimRefused::from(ClaimRefusal::AlreadyOwned)),
             Refusal::Document(DocumentRefusal::RevisionConflict(current)) => {
                 json!({"current_revision": current})
             }

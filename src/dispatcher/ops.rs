@@ -17,6 +17,7 @@ use callfence_core::engine::{
 use callfence_core::media::MediaKeys;
 use callfence_core::store::Store;
 use callfence_core::telnyx::{parse_envelope, Envelope};
+use callfence_core::wire::{Claimed, MediaValid};
 use serde::Serialize;
 use serde_json::json;
 
@@ -139,9 +140,7 @@ pub fn serve<S: Store>(
                     ClaimReply::Claimed {
                         call_session_id,
                         epoch,
-                    } => done(
-                        &json!({"claimed": true, "call_session_id": call_session_id, "epoch": epoch}),
-                    ),
+                    } => done(&Claimed::new(&call_session_id, epoch)),
                     ClaimReply::AlreadyOwned => Err(Refusal::AlreadyOwned),
                     ClaimReply::NotRegistered => Err(Refusal::UnknownNodeKey),
                 },
@@ -157,9 +156,7 @@ pub fn serve<S: Store>(
                         MediaReply::Valid {
                             call_session_id,
                             epoch,
-                        } => done(
-                            &json!({"valid": true, "call_session_id": call_session_id, "epoch": epoch}),
-                        ),
+                        } => done(&MediaValid::new(&call_session_id, epoch)),
                         MediaReply::Invalid(r) => Err(Refusal::Media(r)),
                     }
                 }
