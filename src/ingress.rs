@@ -17,14 +17,10 @@ use crate::forward::{self, CARRIED_HEADERS};
 use crate::log::RequestLog;
 use crate::protocol::{self, Op, Reply, Unavailable};
 use crate::reply::{relay, Answer, ApiError};
-use callfence_core::engine::{Forward, Report};
+use callfence_core::engine::{Forward, Report, MAX_HOPS};
 use futures_channel::oneshot;
 use serde_json::{json, Map, Value};
 use worker::{Context, Env, Request};
-
-/// At most this many forwards for one webhook (first owner, then new owners
-/// after definite non-deliveries).
-const MAX_HOPS: usize = 3;
 
 /// The Telnyx headers stored with the event and carried to the origin.
 pub fn carried_headers(req: &Request) -> Vec<(String, String)> {
@@ -58,7 +54,9 @@ pub async fn handle(
     let asked = now_ms();
     let mut reply = protocol::call(env, Op::Webhook, args).await;
     log.waited(now_ms() - asked);
-    for _ in 0..MAX_HOPS {
+    // The engine applies the re-forward rule (core `may_reforward`): it
+    // hands back no forward beyond MAX_HOPS, which only bounds this loop.
+    for hop in 1..=MAX_HOPS {
         let forward = match &reply {
             Ok(Reply::Done(result)) => match result.get("forward") {
                 Some(f) => serde_json::from_value::<Forward>(f.clone())
@@ -72,7 +70,7 @@ pub async fn handle(
             _ => return relay(reply),
         };
         let left = budget - (now_ms() - started);
-        let (next, waited) = forward_and_report(env, ctx, config, forward, left).await;
+        let (next, waited) = forward_and_report(env, ctx, config, forward, left, hop).await;
         log.waited(waited);
         reply = next;
     }
@@ -89,6 +87,7 @@ async fn forward_and_report(
     config: &IngressConfig,
     forward: Forward,
     budget_ms: i64,
+    hop: u32,
 ) -> (Result<Reply, Unavailable>, i64) {
     let (tx, rx) = oneshot::channel();
     let env = env.clone();
@@ -104,6 +103,7 @@ async fn forward_and_report(
             attempt: forward.attempt,
             answer,
             budget_left_ms: (budget_ms - spent).min(total),
+            hop,
         };
         let mut args = Map::new();
         args.insert("report".into(), json!(report));

@@ -5,7 +5,7 @@
 use callfence_core::document::DocKind;
 use callfence_core::encoding::b64_encode;
 use callfence_core::engine::{
-    ClaimReply, ClaimRequest, Engine, EngineConfig, FenceRefusal, FenceReply, FenceRequest,
+    Caller, ClaimReply, ClaimRequest, Engine, EngineConfig, FenceRefusal, FenceReply, FenceRequest,
     Forward, HeartbeatRefusal, Ingress, MediaRefusal, MediaReply, PendingReason, Report,
     ReportEffect, ReportedAnswer,
 };
@@ -101,7 +101,7 @@ impl World {
         };
         edit(&mut hb);
         self.engine.handle_heartbeat(
-            node,
+            caller(node),
             self.now / 1000,
             &serde_json::to_vec(&hb).unwrap(),
             self.now,
@@ -125,6 +125,7 @@ impl World {
             attempt: f.attempt,
             answer,
             budget_left_ms: 1_000,
+            hop: 1,
         };
         self.engine.handle_report(&report, self.now).unwrap()
     }
@@ -137,9 +138,14 @@ impl World {
             purpose: "answer".into(),
         };
         self.engine
-            .handle_fence(node, &req, &self.media, self.now)
+            .handle_fence(caller(node), &req, &self.media, self.now)
             .unwrap()
     }
+}
+
+/// A node signing with its registered key id.
+fn caller(node: &str) -> Caller<'_> {
+    Caller { node, kid: "k1" }
 }
 
 fn forward(ingress: Ingress) -> Forward {
@@ -176,19 +182,20 @@ fn an_outgoing_session_waits_for_its_claim_then_goes_to_the_claimer() {
         call_control_id: "leg-out-1".into(),
         call_session_id: "out-1".into(),
     };
-    let ClaimReply::Claimed { epoch, .. } = w.engine.handle_claim("M2", &claim, w.now).unwrap()
+    let ClaimReply::Claimed { epoch, .. } =
+        w.engine.handle_claim(caller("M2"), &claim, w.now).unwrap()
     else {
         panic!("not claimed")
     };
     assert_eq!(
-        w.engine.handle_claim("M2", &claim, w.now).unwrap(),
+        w.engine.handle_claim(caller("M2"), &claim, w.now).unwrap(),
         ClaimReply::Claimed {
             call_session_id: "out-1".into(),
             epoch
         }
     );
     assert_eq!(
-        w.engine.handle_claim("M1", &claim, w.now).unwrap(),
+        w.engine.handle_claim(caller("M1"), &claim, w.now).unwrap(),
         ClaimReply::AlreadyOwned
     );
     w.now += 10;
@@ -216,11 +223,11 @@ fn a_claim_cannot_take_an_inbound_session_and_strangers_are_refused() {
         call_session_id: "in-1".into(),
     };
     assert_eq!(
-        w.engine.handle_claim("M2", &claim, w.now).unwrap(),
+        w.engine.handle_claim(caller("M2"), &claim, w.now).unwrap(),
         ClaimReply::AlreadyOwned
     );
     assert_eq!(
-        w.engine.handle_claim("M9", &claim, w.now).unwrap(),
+        w.engine.handle_claim(caller("M9"), &claim, w.now).unwrap(),
         ClaimReply::NotRegistered
     );
 }
@@ -284,6 +291,7 @@ fn a_stale_report_changes_nothing_and_a_delivered_event_is_answered_from_the_led
         attempt: f.attempt,
         answer: ok(200),
         budget_left_ms: 0,
+        hop: 1,
     };
     assert_eq!(
         w.engine.handle_report(&stale, w.now).unwrap(),
@@ -349,7 +357,7 @@ fn media_tokens_hold_for_the_fenced_owner_until_hangup() {
     );
     let verify = |node: &str| {
         w.engine
-            .handle_media_verify(node, &grant.media_token, &w.media, w.now)
+            .handle_media_verify(caller(node), &grant.media_token, &w.media, w.now)
             .unwrap()
     };
     assert!(matches!(verify("M1"), MediaReply::Valid { .. }));
@@ -357,7 +365,7 @@ fn media_tokens_hold_for_the_fenced_owner_until_hangup() {
     forward(w.webhook("m2", "call.hangup", "s-m", "incoming"));
     let verify = |node: &str| {
         w.engine
-            .handle_media_verify(node, &grant.media_token, &w.media, w.now)
+            .handle_media_verify(caller(node), &grant.media_token, &w.media, w.now)
             .unwrap()
     };
     assert_eq!(verify("M1"), MediaReply::Invalid(MediaRefusal::CallEnded));

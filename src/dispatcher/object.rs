@@ -7,7 +7,7 @@ use super::store::DoStore;
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::forward;
-use crate::protocol::{self, Op};
+use crate::protocol;
 use callfence_core::engine::{Engine, EngineConfig, Report, Timing};
 use callfence_core::store::migrate;
 use std::cell::Cell;
@@ -96,9 +96,9 @@ impl DurableObject for Dispatcher {
                 let media = config.node_routes.as_ref().ok().map(|n| &n.media);
                 let reply = ops::serve(&self.engine, media, op, args, now_ms())
                     .map_err(|e| worker::Error::RustError(e.to_string()))?;
-                if matches!(op, Op::Webhook | Op::Report | Op::Claim) {
-                    self.arm().await?;
-                }
+                // Sans-IO: after every op the engine says when the alarm is
+                // due (free when the op changed nothing).
+                self.arm().await?;
                 answer(200, reply)
             }
             Err(error) => answer(400, protocol::encode_rejected(error)),
@@ -127,6 +127,7 @@ impl DurableObject for Dispatcher {
                     attempt: f.attempt,
                     answer,
                     budget_left_ms: 0,
+                    hop: 1,
                 };
                 self.engine
                     .handle_report(&report, now_ms())

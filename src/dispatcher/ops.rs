@@ -5,9 +5,9 @@
 use crate::protocol::{self, Op};
 use callfence_core::document::DocKind;
 use callfence_core::engine::{
-    BadRequest, ClaimReply, ClaimRequest, DocError, Engine, EngineError, FenceReply, FenceRequest,
-    HeartbeatRefusal, Ingress, MediaReply, MediaVerifyRequest, PreviewRequest, Report,
-    ReportEffect,
+    BadRequest, Caller, ClaimReply, ClaimRequest, DocError, Engine, EngineError, FenceReply,
+    FenceRequest, HeartbeatRefusal, Ingress, MediaReply, MediaVerifyRequest, PreviewRequest,
+    Report, ReportEffect,
 };
 use callfence_core::media::MediaKeys;
 use callfence_core::store::Store;
@@ -28,10 +28,10 @@ pub fn serve<S: Store>(
     now_ms: i64,
 ) -> Result<String, EngineError> {
     if matches!(op, Op::Heartbeat | Op::Fence | Op::Claim | Op::MediaVerify)
-        && !key_in_force(engine, &args)?
+        && !engine.key_in_force(caller(&args))?
     {
-        // The Worker's key cache may lag a registry change by a few
-        // seconds: a key removed since is refused here.
+        // Asked before the body is parsed, so an unknown key learns nothing
+        // of validation; the engine's node ops refuse it too.
         return Ok(protocol::encode_refused(
             401,
             "unknown_node_key",
@@ -103,20 +103,13 @@ fn refused_with(
     (status, code, object(fields))
 }
 
-/// True when the request's node and key id are in the current registry.
-fn key_in_force<S: Store>(
-    engine: &Engine<S>,
-    args: &Map<String, Json>,
-) -> Result<bool, EngineError> {
-    Ok(engine
-        .registry()?
-        .and_then(|(_, registry)| {
-            registry
-                .nodes
-                .get(text(args, "node"))
-                .map(|e| e.keys.contains_key(text(args, "kid")))
-        })
-        .unwrap_or(false))
+/// The node and key id a node op was signed with (the engine re-checks
+/// them against its current registry).
+fn caller(args: &Map<String, Json>) -> Caller<'_> {
+    Caller {
+        node: text(args, "node"),
+        kid: text(args, "kid"),
+    }
 }
 
 /// The media keys, or 503 `misconfigured` for `node_routes`.
@@ -212,7 +205,7 @@ fn heartbeat<S: Store>(
 ) -> Result<Answer, EngineError> {
     let signed_at_s = args.get("signed_at_s").and_then(Json::as_i64).unwrap_or(0);
     match engine.handle_heartbeat(
-        text(args, "node"),
+        caller(args),
         signed_at_s,
         text(args, "body").as_bytes(),
         now_ms,
@@ -246,13 +239,14 @@ fn fence<S: Store>(
         (Ok(media), Ok(req)) => (media, req),
     };
     Ok(
-        match engine.handle_fence(text(args, "node"), &req, media, now_ms)? {
+        match engine.handle_fence(caller(args), &req, media, now_ms)? {
             FenceReply::Granted(grant) => Ok(to_object(&grant)),
             FenceReply::Refused(r) => Err(refused_with(
                 409,
                 r.code(),
                 json!({"granted": false, "reason": r.code()}),
             )),
+            FenceReply::UnknownNodeKey => Err(refused(401, "unknown_node_key")),
         },
     )
 }
@@ -266,22 +260,20 @@ fn claim<S: Store>(
         Ok(req) => req,
         Err(refusal) => return Ok(Err(refusal)),
     };
-    Ok(
-        match engine.handle_claim(text(args, "node"), &req, now_ms)? {
-            ClaimReply::Claimed {
-                call_session_id,
-                epoch,
-            } => Ok(object(
-                json!({"claimed": true, "call_session_id": call_session_id, "epoch": epoch}),
-            )),
-            ClaimReply::AlreadyOwned => Err(refused_with(
-                409,
-                "already_owned",
-                json!({"claimed": false, "reason": "already_owned"}),
-            )),
-            ClaimReply::NotRegistered => Err(refused(401, "unknown_node_key")),
-        },
-    )
+    Ok(match engine.handle_claim(caller(args), &req, now_ms)? {
+        ClaimReply::Claimed {
+            call_session_id,
+            epoch,
+        } => Ok(object(
+            json!({"claimed": true, "call_session_id": call_session_id, "epoch": epoch}),
+        )),
+        ClaimReply::AlreadyOwned => Err(refused_with(
+            409,
+            "already_owned",
+            json!({"claimed": false, "reason": "already_owned"}),
+        )),
+        ClaimReply::NotRegistered => Err(refused(401, "unknown_node_key")),
+    })
 }
 
 fn media_verify<S: Store>(
@@ -298,7 +290,7 @@ fn media_verify<S: Store>(
         (Ok(media), Ok(req)) => (media, req),
     };
     Ok(
-        match engine.handle_media_verify(text(args, "node"), &req.media_token, media, now_ms)? {
+        match engine.handle_media_verify(caller(args), &req.media_token, media, now_ms)? {
             MediaReply::Valid {
                 call_session_id,
                 epoch,
@@ -310,6 +302,7 @@ fn media_verify<S: Store>(
                 r.code(),
                 json!({"valid": false, "reason": r.code()}),
             )),
+            MediaReply::UnknownNodeKey => Err(refused(401, "unknown_node_key")),
         },
     )
 }

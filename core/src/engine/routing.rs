@@ -2,13 +2,14 @@
 //! its evidence. The same code serves live calls, reassignment, the alarm,
 //! the preview and the status view.
 
+use super::ownership::Target;
 use super::rows::SessionRow;
 use super::{Engine, EngineError};
 use crate::decision::{Decision, DecisionOutcome};
 use crate::eligibility::{self, LineRef};
 use crate::policy::{Resolution, Rule};
 use crate::selection::{select, Selection};
-use crate::store::{Store, Value};
+use crate::store::Store;
 use crate::time::format_ms;
 use std::collections::BTreeMap;
 
@@ -27,11 +28,13 @@ pub(crate) struct Routed {
 
 impl Routed {
     /// The chosen node and the origin URL it is assigned with, if any.
-    pub(crate) fn target(&self) -> Option<(String, String)> {
-        self.selection
+    pub(crate) fn target(&self) -> Option<Target> {
+        let (node, origin) = self
+            .selection
             .chosen
             .clone()
-            .zip(self.chosen_origin.clone())
+            .zip(self.chosen_origin.clone())?;
+        Some(Target { node, origin })
     }
 }
 
@@ -50,7 +53,7 @@ impl<S: Store> Engine<S> {
         &self,
         caller: Option<&str>,
         called: Option<&str>,
-        except: Option<&str>,
+        except: Option<&SessionRow>,
         now_ms: i64,
     ) -> Result<Option<Routed>, EngineError> {
         let (Some((policy_revision, policy)), Some((nodes_revision, registry))) =
@@ -79,7 +82,7 @@ impl<S: Store> Engine<S> {
                     now_ms,
                 );
                 if reasons.is_empty() {
-                    chosen_beat = state.beat;
+                    chosen_beat = state.beat.clone();
                 }
                 Ok::<_, EngineError>(reasons)
             },
@@ -91,7 +94,7 @@ impl<S: Store> Engine<S> {
                 .and_then(|n| registry.nodes.get(n))
                 .map(|e| e.origin_url.clone()),
             chosen_clean: chosen_beat.as_ref().map(|b| !b.heartbeat.dirty),
-            chosen_sha: chosen_beat.map(|b| b.heartbeat.sha),
+            chosen_sha: chosen_beat.map(|b| b.heartbeat.sha.clone()),
             resolution,
             selection,
             policy_revision,
@@ -109,15 +112,18 @@ impl<S: Store> Engine<S> {
         self.route(
             session.caller.as_deref(),
             session.called.as_deref(),
-            Some(&session.id),
+            Some(session),
             now_ms,
         )
     }
 
     /// Stores a decision built from a routing answer (or from a claim when
-    /// `routed` is `None`) and returns its id.
+    /// `routed` is `None`) under `id` (drawn now when `None`) and returns
+    /// its id.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_decision(
         &self,
+        id: Option<u64>,
         subject: DecisionSubject<'_>,
         routed: Option<&Routed>,
         claim_node: Option<&str>,
@@ -125,7 +131,10 @@ impl<S: Store> Engine<S> {
         outcome: DecisionOutcome,
         now_ms: i64,
     ) -> Result<u64, EngineError> {
-        let decision_id = self.next_counter("decision")?;
+        let decision_id = match id {
+            Some(id) => id,
+            None => self.q().counters(&["decision"], &[])?[0],
+        };
         let (claim_sha, claim_clean) = match claim_node {
             Some(node) => {
                 let beat = self.beat(node)?;
@@ -178,21 +187,8 @@ impl<S: Store> Engine<S> {
         };
         let body =
             serde_json::to_string(&decision).map_err(|e| EngineError::Corrupt(e.to_string()))?;
-        self.exec(
-            "INSERT INTO decisions (decision_id, at, call_session_id, event_id, body) VALUES (?, ?, ?, ?, ?)",
-            &[
-                decision_id.into(),
-                Value::Int(now_ms),
-                subject.session.into(),
-                subject.event.into(),
-                body.into(),
-            ],
-        )?;
+        self.q()
+            .insert_decision(decision_id, now_ms, subject.session, subject.event, &body)?;
         Ok(decision_id)
-    }
-
-    /// Issues the next epoch of the one global counter.
-    pub(crate) fn next_epoch(&self) -> Result<u64, EngineError> {
-        self.next_counter("epoch")
     }
 }

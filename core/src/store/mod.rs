@@ -53,10 +53,16 @@ pub struct Migration {
 }
 
 /// Every migration this build knows, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    name: "0001_init",
-    sql: include_str!("../../../migrations/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        name: "0001_init",
+        sql: include_str!("../../../migrations/0001_init.sql"),
+    },
+    Migration {
+        name: "0002_node_load",
+        sql: include_str!("../../../migrations/0002_node_load.sql"),
+    },
+];
 
 /// Applies the migrations not yet recorded in `schema_migrations`, in order.
 /// Migrations newer than this build that are already recorded are left alone

@@ -96,12 +96,24 @@ mod tests {
     #[test]
     fn migrations_apply_once_and_are_recorded() {
         let store = SqliteStore::in_memory().unwrap();
-        assert_eq!(migrate(&store, 1).unwrap(), vec!["0001_init"]);
+        assert_eq!(
+            migrate(&store, 1).unwrap(),
+            vec!["0001_init", "0002_node_load"]
+        );
         assert!(migrate(&store, 2).unwrap().is_empty());
         let rows = store
-            .exec("SELECT name, applied_at FROM schema_migrations", &[])
+            .exec(
+                "SELECT name, applied_at FROM schema_migrations ORDER BY name",
+                &[],
+            )
             .unwrap();
-        assert_eq!(rows, vec![vec![Value::from("0001_init"), Value::Int(1)]]);
+        assert_eq!(
+            rows,
+            vec![
+                vec![Value::from("0001_init"), Value::Int(1)],
+                vec![Value::from("0002_node_load"), Value::Int(1)]
+            ]
+        );
     }
 
     #[test]

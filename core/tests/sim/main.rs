@@ -30,6 +30,7 @@ fn schedules_hold_every_invariant() {
             .collect(),
     };
     let (mut steps, mut forwards, mut fences) = (0u64, 0u64, 0u64);
+    let (mut reforwards, mut held_back, mut unknown_keys, mut alarm_checks) = (0u64, 0, 0, 0);
     for seed in &seeds {
         let mut world = World::new(*seed);
         world.run();
@@ -42,13 +43,24 @@ fn schedules_hold_every_invariant() {
         steps += world.steps;
         forwards += world.forwards;
         fences += world.fences;
+        reforwards += world.reforwards;
+        held_back += world.held_back;
+        unknown_keys += world.unknown_keys;
+        alarm_checks += world.alarm_checks;
     }
+    let single = seeds.len() == 1;
     assert!(
-        forwards > 0 && fences > 0,
+        forwards > 0 && fences > 0 && alarm_checks > 0,
         "the simulation exercised nothing"
     );
+    assert!(
+        single || (reforwards > 0 && held_back > 0 && unknown_keys > 0),
+        "the simulation never exercised the re-forward rule or the key check"
+    );
     println!(
-        "sim: {} schedules, {steps} steps, 0 violations ({forwards} forwards, {fences} fence grants)",
+        "sim: {} schedules, {steps} steps, 0 violations ({forwards} forwards, {fences} fence grants, \
+         {reforwards} re-forwards and {held_back} held back by the hop/budget rule, \
+         {unknown_keys} unknown-key refusals, alarm due time checked after {alarm_checks} steps with work)",
         seeds.len()
     );
 }
