@@ -186,7 +186,7 @@ impl<S: Store> Engine<S> {
         let facts = match cached {
             Some(facts) => facts,
             None => {
-                let facts = self.q().alarm_facts(self.max_redrives())?;
+                let facts = self.q().alarm_facts()?;
                 self.cache.borrow_mut().alarm = Some(facts);
                 facts
             }

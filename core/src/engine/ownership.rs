@@ -229,7 +229,8 @@ pub(crate) enum Placeable {
     Moving(Owned),
 }
 
-/// What [`Engine::place`] did.
+/// What [`Engine::place`] did (a transient answer, never stored).
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Placed {
     /// The session has an owner at a new epoch.
     Assigned(Owned),
