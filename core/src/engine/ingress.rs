@@ -79,7 +79,7 @@ impl<S: Store> Engine<S> {
         self.unit(|| {
             let q = self.q();
             if let Some(event) = q.event(&envelope.event_id)? {
-                q.counters(&[], &[("last_webhook_at", now_ms)])?;
+                q.set_counter("last_webhook_at", now_ms)?;
                 return self.on_duplicate(event, now_ms);
             }
             let seq = q.counters(&["event_seq"], &[("last_webhook_at", now_ms)])?[0];

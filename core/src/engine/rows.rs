@@ -44,7 +44,7 @@ impl SessionState {
     }
 
     /// Counts toward the owner's capacity (the SQL twin is
-    /// [`super::queries::OPEN_STATES`]).
+    /// `open_states!` in [`super::queries`]).
     pub(crate) fn is_open(&self) -> bool {
         matches!(self, Self::Assigned | Self::Answered)
     }

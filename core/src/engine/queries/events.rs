@@ -1,16 +1,17 @@
 //! The event ledger's statements, and the alarm's facts.
 
-use super::{int, AlarmFacts, NewEvent, Queries, ALARM_FACTS, EVENT, EVENT_E, SESSION_S};
-use crate::engine::rows::{event_at, payload_at, session_at, EventRow, Payload, SessionRow, EVENT_COLUMNS};
+use super::{int, AlarmFacts, NewEvent, Queries, ALARM_FACTS};
+use crate::engine::rows::{
+    event_at, payload_at, session_at, EventRow, Payload, SessionRow, EVENT_COLUMNS,
+};
 use crate::engine::EngineError;
 use crate::store::{Store, Value};
 
 impl<S: Store> Queries<'_, S> {
-
     /// An event without its payload.
     pub(crate) fn event(&self, id: &str) -> Result<Option<EventRow>, EngineError> {
-        let sql = format!("SELECT {EVENT} FROM events WHERE event_id = ?");
-        self.run(&sql, &[id.into()])?
+        let sql = concat!("SELECT ", event_cols!(), " FROM events WHERE event_id = ?");
+        self.run(sql, &[id.into()])?
             .first()
             .map(|r| event_at(r, 0))
             .transpose()
@@ -21,10 +22,8 @@ impl<S: Store> Queries<'_, S> {
         &self,
         id: &str,
     ) -> Result<Option<(EventRow, Option<SessionRow>)>, EngineError> {
-        let sql = format!(
-            "SELECT {EVENT_E}, {SESSION_S} FROM events e LEFT JOIN sessions s ON s.call_session_id = e.call_session_id WHERE e.event_id = ?"
-        );
-        let rows = self.run(&sql, &[id.into()])?;
+        let sql = concat!("SELECT ", event_cols_e!(), ", ", session_cols_s!(), " FROM events e LEFT JOIN sessions s ON s.call_session_id = e.call_session_id WHERE e.event_id = ?");
+        let rows = self.run(sql, &[id.into()])?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -216,12 +215,12 @@ impl<S: Store> Queries<'_, S> {
 
     /// Every parked event, oldest first.
     pub(crate) fn parked_events(&self) -> Result<Vec<EventRow>, EngineError> {
-        let sql =
-            format!("SELECT {EVENT} FROM events WHERE state = 'pending_assignment' ORDER BY seq");
-        self.run(&sql, &[])?
-            .iter()
-            .map(|r| event_at(r, 0))
-            .collect()
+        let sql = concat!(
+            "SELECT ",
+            event_cols!(),
+            " FROM events WHERE state = 'pending_assignment' ORDER BY seq"
+        );
+        self.run(sql, &[])?.iter().map(|r| event_at(r, 0)).collect()
     }
 
     /// Queued events and unknown outcomes whose time has come, oldest
@@ -231,11 +230,9 @@ impl<S: Store> Queries<'_, S> {
         now_ms: i64,
         max_redrives: i64,
     ) -> Result<Vec<(EventRow, Payload)>, EngineError> {
-        let sql = format!(
-            "SELECT {EVENT}, body, headers FROM events WHERE (state = 'queued' OR (state = 'unknown' AND redrives < ?)) \
-             AND next_try_at IS NOT NULL AND next_try_at <= ? ORDER BY seq"
-        );
-        self.run(&sql, &[Value::Int(max_redrives), Value::Int(now_ms)])?
+        let sql = concat!("SELECT ", event_cols!(), ", body, headers FROM events WHERE (state = 'queued' OR (state = 'unknown' AND redrives < ?)) \
+             AND next_try_at IS NOT NULL AND next_try_at <= ? ORDER BY seq");
+        self.run(sql, &[Value::Int(max_redrives), Value::Int(now_ms)])?
             .iter()
             .map(|r| Ok((event_at(r, 0)?, payload_at(r, EVENT_COLUMNS)?)))
             .collect()
@@ -287,10 +284,12 @@ impl<S: Store> Queries<'_, S> {
 
     /// Up to 500 events of a session, newest first.
     pub(crate) fn session_history(&self, session: &str) -> Result<Vec<EventRow>, EngineError> {
-        let sql = format!(
-            "SELECT {EVENT} FROM events WHERE call_session_id = ? ORDER BY seq DESC LIMIT 500"
+        let sql = concat!(
+            "SELECT ",
+            event_cols!(),
+            " FROM events WHERE call_session_id = ? ORDER BY seq DESC LIMIT 500"
         );
-        self.run(&sql, &[session.into()])?
+        self.run(sql, &[session.into()])?
             .iter()
             .map(|r| event_at(r, 0))
             .collect()

@@ -4,8 +4,14 @@ use super::{int, text, LastBeat, NodeRow, Queries};
 use crate::engine::EngineError;
 use crate::store::{Store, Value};
 
-impl<S: Store> Queries<'_, S> {
+/// A node's forward health and maintained open-call count: two primary-key
+/// reads, whatever the number of open calls.
+pub(super) const NODE_FACTS: &str =
+    "SELECT (SELECT last_failure_at FROM node_health WHERE node = ?1), \
+    (SELECT last_delivery_at FROM node_health WHERE node = ?1), \
+    (SELECT open_calls FROM node_load WHERE node = ?1)";
 
+impl<S: Store> Queries<'_, S> {
     pub(crate) fn last_beat(&self, node: &str) -> Result<Option<LastBeat>, EngineError> {
         Ok(self
             .run(
@@ -67,12 +73,7 @@ impl<S: Store> Queries<'_, S> {
 
     /// A node's forward health and open calls, in one read.
     pub(crate) fn node(&self, node: &str) -> Result<NodeRow, EngineError> {
-        let rows = self.run(
-            "SELECT (SELECT last_failure_at FROM node_health WHERE node = ?1), \
-                    (SELECT last_delivery_at FROM node_health WHERE node = ?1), \
-                    (SELECT open_calls FROM node_load WHERE node = ?1)",
-            &[node.into()],
-        )?;
+        let rows = self.run(NODE_FACTS, &[node.into()])?;
         let row = rows.first().cloned().unwrap_or_default();
         Ok(NodeRow {
             last_failure_at_ms: int(&row, 0),

@@ -5,7 +5,6 @@ use crate::engine::EngineError;
 use crate::store::{Store, Value};
 
 impl<S: Store> Queries<'_, S> {
-
     /// Retention by age whatever the state, plus row caps.
     pub(crate) fn prune(
         &self,

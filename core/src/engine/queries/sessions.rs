@@ -1,15 +1,18 @@
 //! Sessions (every ownership transition's guarded write) and legs.
 
-use super::{text, NewSession, Queries, MOVABLE, OPEN_STATES, SESSION};
+use super::{text, NewSession, Queries};
 use crate::engine::rows::{session_at, SessionRow, SESSION_COLUMNS};
 use crate::engine::EngineError;
 use crate::store::{Store, Value};
 
 impl<S: Store> Queries<'_, S> {
-
     pub(crate) fn session(&self, id: &str) -> Result<Option<SessionRow>, EngineError> {
-        let sql = format!("SELECT {SESSION} FROM sessions WHERE call_session_id = ?");
-        self.run(&sql, &[id.into()])?
+        let sql = concat!(
+            "SELECT ",
+            session_cols!(),
+            " FROM sessions WHERE call_session_id = ?"
+        );
+        self.run(sql, &[id.into()])?
             .first()
             .map(|r| session_at(r, 0))
             .transpose()
@@ -20,12 +23,10 @@ impl<S: Store> Queries<'_, S> {
         &self,
         s: &NewSession<'_>,
     ) -> Result<Option<SessionRow>, EngineError> {
-        let sql = format!(
-            "INSERT INTO sessions (call_session_id, state, direction, caller, called, created_at, updated_at) VALUES (?, 'pending_assignment', ?, ?, ?, ?, ?) \
-             ON CONFLICT (call_session_id) DO NOTHING RETURNING {SESSION}"
-        );
+        let sql = concat!("INSERT INTO sessions (call_session_id, state, direction, caller, called, created_at, updated_at) VALUES (?, 'pending_assignment', ?, ?, ?, ?, ?) \
+             ON CONFLICT (call_session_id) DO NOTHING RETURNING ", session_cols!());
         self.run(
-            &sql,
+            sql,
             &[
                 s.id.into(),
                 s.direction.into(),
@@ -46,10 +47,8 @@ impl<S: Store> Queries<'_, S> {
         id: &str,
         call_control_id: &str,
     ) -> Result<Option<(SessionRow, Option<String>)>, EngineError> {
-        let sql = format!(
-            "SELECT {SESSION}, (SELECT call_session_id FROM legs WHERE call_control_id = ?) FROM sessions WHERE call_session_id = ?"
-        );
-        let rows = self.run(&sql, &[call_control_id.into(), id.into()])?;
+        let sql = concat!("SELECT ", session_cols!(), ", (SELECT call_session_id FROM legs WHERE call_control_id = ?) FROM sessions WHERE call_session_id = ?");
+        let rows = self.run(sql, &[call_control_id.into(), id.into()])?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -78,12 +77,10 @@ impl<S: Store> Queries<'_, S> {
         origin: &str,
         now_ms: i64,
     ) -> Result<Option<SessionRow>, EngineError> {
-        let sql = format!(
-            "UPDATE sessions SET state = 'assigned', owner = ?, epoch = ?, origin_url = ?, updated_at = ? \
-             WHERE call_session_id = ? AND owner IS NULL AND fence_node IS NULL AND state != 'ended' RETURNING {SESSION}"
-        );
+        let sql = concat!("UPDATE sessions SET state = 'assigned', owner = ?, epoch = ?, origin_url = ?, updated_at = ? \
+             WHERE call_session_id = ? AND owner IS NULL AND fence_node IS NULL AND state != 'ended' RETURNING ", session_cols!());
         self.write_session(
-            &sql,
+            sql,
             &[
                 node.into(),
                 epoch.into(),
@@ -106,12 +103,10 @@ impl<S: Store> Queries<'_, S> {
         origin: &str,
         now_ms: i64,
     ) -> Result<Option<SessionRow>, EngineError> {
-        let sql = format!(
-            "UPDATE sessions SET state = 'assigned', owner = ?, epoch = ?, origin_url = ?, updated_at = ? \
-             WHERE call_session_id = ? AND {MOVABLE} RETURNING {SESSION}"
-        );
+        let sql = concat!("UPDATE sessions SET state = 'assigned', owner = ?, epoch = ?, origin_url = ?, updated_at = ? \
+             WHERE call_session_id = ? AND ", movable!(), " RETURNING ", session_cols!());
         self.write_session(
-            &sql,
+            sql,
             &[
                 node.into(),
                 epoch.into(),
@@ -131,11 +126,9 @@ impl<S: Store> Queries<'_, S> {
         from_epoch: u64,
         now_ms: i64,
     ) -> Result<Option<SessionRow>, EngineError> {
-        let sql = format!(
-            "UPDATE sessions SET state = 'pending_assignment', owner = NULL, origin_url = NULL, updated_at = ? \
-             WHERE call_session_id = ? AND {MOVABLE} RETURNING {SESSION}"
-        );
-        self.write_session(&sql, &[Value::Int(now_ms), id.into(), from_epoch.into()])
+        let sql = concat!("UPDATE sessions SET state = 'pending_assignment', owner = NULL, origin_url = NULL, updated_at = ? \
+             WHERE call_session_id = ? AND ", movable!(), " RETURNING ", session_cols!());
+        self.write_session(sql, &[Value::Int(now_ms), id.into(), from_epoch.into()])
     }
 
     /// Grants the fence: guarded on no fence yet, the owner and epoch, and a
@@ -148,13 +141,11 @@ impl<S: Store> Queries<'_, S> {
         command_id: &str,
         now_ms: i64,
     ) -> Result<Option<SessionRow>, EngineError> {
-        let sql = format!(
-            "UPDATE sessions SET fence_node = ?, fence_epoch = ?, fence_at = ?, command_id = ?, \
+        let sql = concat!("UPDATE sessions SET fence_node = ?, fence_epoch = ?, fence_at = ?, command_id = ?, \
              state = CASE WHEN state = 'assigned' THEN 'answered' ELSE state END, updated_at = ? \
-             WHERE call_session_id = ? AND fence_node IS NULL AND owner = ? AND epoch = ? AND state != 'ended' RETURNING {SESSION}"
-        );
+             WHERE call_session_id = ? AND fence_node IS NULL AND owner = ? AND epoch = ? AND state != 'ended' RETURNING ", session_cols!());
         self.write_session(
-            &sql,
+            sql,
             &[
                 node.into(),
                 epoch.into(),
@@ -175,12 +166,10 @@ impl<S: Store> Queries<'_, S> {
         id: &str,
         now_ms: i64,
     ) -> Result<Option<SessionRow>, EngineError> {
-        let sql = format!(
-            "UPDATE sessions SET state = 'ended', settled_at = ?2, updated_at = ?2 \
+        let sql = concat!("UPDATE sessions SET state = 'ended', settled_at = ?2, updated_at = ?2 \
              WHERE call_session_id = ?1 AND owner IS NOT NULL AND state != 'ended' \
-             AND NOT EXISTS (SELECT 1 FROM legs WHERE call_session_id = ?1 AND state != 'hungup') RETURNING {SESSION}"
-        );
-        self.write_session(&sql, &[id.into(), Value::Int(now_ms)])
+             AND NOT EXISTS (SELECT 1 FROM legs WHERE call_session_id = ?1 AND state != 'hungup') RETURNING ", session_cols!());
+        self.write_session(sql, &[id.into(), Value::Int(now_ms)])
     }
 
     /// Records that an outcome at `epoch` was ambiguous: the session never
@@ -197,7 +186,7 @@ impl<S: Store> Queries<'_, S> {
     /// `max_duration`.
     pub(crate) fn settle_expired(&self, created_by: i64, now_ms: i64) -> Result<(), EngineError> {
         self.run(
-            &format!("UPDATE sessions SET state = 'max_duration', settled_at = ?, updated_at = ? WHERE state IN {OPEN_STATES} AND created_at <= ?"),
+            concat!("UPDATE sessions SET state = 'max_duration', settled_at = ?, updated_at = ? WHERE state IN ", open_states!(), " AND created_at <= ?"),
             &[Value::Int(now_ms), Value::Int(now_ms), Value::Int(created_by)],
         )?;
         Ok(())
@@ -206,7 +195,7 @@ impl<S: Store> Queries<'_, S> {
     /// Settles every open session of a silent owner as `node_lost`.
     pub(crate) fn settle_lost(&self, owner: &str, now_ms: i64) -> Result<(), EngineError> {
         self.run(
-            &format!("UPDATE sessions SET state = 'node_lost', settled_at = ?, updated_at = ? WHERE owner = ? AND state IN {OPEN_STATES}"),
+            concat!("UPDATE sessions SET state = 'node_lost', settled_at = ?, updated_at = ? WHERE owner = ? AND state IN ", open_states!()),
             &[Value::Int(now_ms), Value::Int(now_ms), owner.into()],
         )?;
         Ok(())
@@ -214,11 +203,9 @@ impl<S: Store> Queries<'_, S> {
 
     /// A session a node dialled: created outgoing, or marked outgoing.
     pub(crate) fn note_outgoing(&self, id: &str, now_ms: i64) -> Result<SessionRow, EngineError> {
-        let sql = format!(
-            "INSERT INTO sessions (call_session_id, state, direction, created_at, updated_at) VALUES (?, 'pending_assignment', 'outgoing', ?, ?) \
-             ON CONFLICT (call_session_id) DO UPDATE SET direction = 'outgoing' RETURNING {SESSION}"
-        );
-        self.write_session(&sql, &[id.into(), Value::Int(now_ms), Value::Int(now_ms)])?
+        let sql = concat!("INSERT INTO sessions (call_session_id, state, direction, created_at, updated_at) VALUES (?, 'pending_assignment', 'outgoing', ?, ?) \
+             ON CONFLICT (call_session_id) DO UPDATE SET direction = 'outgoing' RETURNING ", session_cols!());
+        self.write_session(sql, &[id.into(), Value::Int(now_ms), Value::Int(now_ms)])?
             .ok_or_else(|| EngineError::Corrupt("session vanished".into()))
     }
 
