@@ -9,7 +9,7 @@
 //!   parse, ledger insert, resolution, eligibility, assignment, decision);
 //! - one routing decision (the preview path: resolution and eligibility
 //!   without writes) for 10/100/1000 lines and 2/16/64 nodes with 10,000
-//!   open calls in the store.
+//!   open calls in the store, and for 0, 10,000 and 50,000 open calls.
 //!
 //! Storage is rusqlite in memory with the Dispatcher's migrations.
 
@@ -326,5 +326,15 @@ fn main() {
             };
             println!("decision: {lines:>4} lines, {nodes:>2} nodes, 10000 open calls: median {m:>7.1} µs ({:.2}x of 10 lines/2 nodes)", m / base);
         }
+    }
+    // Flat in the open calls: the per-node count is maintained, not counted.
+    let none = decision_cost(10, 2, 0);
+    for open in [0, 10_000, 50_000] {
+        let m = if open == 0 {
+            none
+        } else {
+            decision_cost(10, 2, open)
+        };
+        println!("decision:   10 lines,  2 nodes, {open:>5} open calls: median {m:>7.1} µs ({:.2}x of none open)", m / none);
     }
 }

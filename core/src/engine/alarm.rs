@@ -106,15 +106,7 @@ impl<S: Store> Engine<S> {
             session: Some(&session.id),
             event: Some(event_id),
         };
-        self.record_decision(
-            None,
-            subject,
-            routed.as_ref(),
-            None,
-            None,
-            DecisionOutcome::Rejected,
-            now_ms,
-        )?;
+        self.record_unassigned(subject, routed.as_ref(), DecisionOutcome::Rejected, now_ms)?;
         if !q.session_has_parked(&session.id)? {
             q.forget_unowned(&session.id)?;
         }

@@ -116,7 +116,14 @@ impl Unowned {
         now_ms: i64,
     ) -> Result<Owned, EngineError> {
         let row = q
-            .assign_session(&self.0.id, &target.node, epoch, &target.origin, now_ms)?
+            .own_session(
+                &self.0.id,
+                None,
+                &target.node,
+                epoch,
+                &target.origin,
+                now_ms,
+            )?
             .ok_or_else(|| guard_failed("assign", &self.0.id))?;
         if queue {
             q.queue_session_events(&row.id, now_ms)?;
@@ -160,9 +167,9 @@ impl Owned {
         now_ms: i64,
     ) -> Result<Owned, EngineError> {
         let row = q
-            .reassign_session(
+            .own_session(
                 &self.0.id,
-                self.epoch(),
+                Some(self.epoch()),
                 &target.node,
                 epoch,
                 &target.origin,
@@ -311,15 +318,7 @@ impl<S: Store> Engine<S> {
             }
         };
         if record {
-            self.record_decision(
-                None,
-                subject,
-                routed.as_ref(),
-                None,
-                None,
-                DecisionOutcome::Pending,
-                now_ms,
-            )?;
+            self.record_unassigned(subject, routed.as_ref(), DecisionOutcome::Pending, now_ms)?;
         }
         Ok(Placed::Parked(reason))
     }

@@ -191,4 +191,15 @@ impl<S: Store> Engine<S> {
             .insert_decision(decision_id, now_ms, subject.session, subject.event, &body)?;
         Ok(decision_id)
     }
+
+    /// Records a decision that gave nobody the call (`pending`, `rejected`).
+    pub(crate) fn record_unassigned(
+        &self,
+        subject: DecisionSubject<'_>,
+        routed: Option<&Routed>,
+        outcome: DecisionOutcome,
+        now_ms: i64,
+    ) -> Result<u64, EngineError> {
+        self.record_decision(None, subject, routed, None, None, outcome, now_ms)
+    }
 }

@@ -68,58 +68,38 @@ impl<S: Store> Queries<'_, S> {
             .transpose()
     }
 
-    /// Unowned to owned: guarded on no owner, no fence, not ended.
-    pub(crate) fn assign_session(
+    /// Gives a session an owner at `epoch`. From unowned (`from_epoch`
+    /// `None`): guarded on no owner, no fence, not ended. From owned at
+    /// `from_epoch` (a reassignment): guarded on that epoch, no fence, an
+    /// inbound session and no ambiguous outcome at `from_epoch`.
+    pub(crate) fn own_session(
         &self,
         id: &str,
+        from_epoch: Option<u64>,
         node: &str,
         epoch: u64,
         origin: &str,
         now_ms: i64,
     ) -> Result<Option<SessionRow>, EngineError> {
-        let sql = concat!("UPDATE sessions SET state = 'assigned', owner = ?, epoch = ?, origin_url = ?, updated_at = ? \
-             WHERE call_session_id = ? AND owner IS NULL AND fence_node IS NULL AND state != 'ended' RETURNING ", session_cols!());
-        self.write_session(
-            sql,
-            &[
-                node.into(),
-                epoch.into(),
-                origin.into(),
-                Value::Int(now_ms),
-                id.into(),
-            ],
-        )
-    }
-
-    /// Owned at `from_epoch` to another owner (or the same) at `epoch`:
-    /// guarded on the epoch, no fence, an inbound session, and no ambiguous
-    /// outcome at `from_epoch`.
-    pub(crate) fn reassign_session(
-        &self,
-        id: &str,
-        from_epoch: u64,
-        node: &str,
-        epoch: u64,
-        origin: &str,
-        now_ms: i64,
-    ) -> Result<Option<SessionRow>, EngineError> {
-        let sql = concat!("UPDATE sessions SET state = 'assigned', owner = ?, epoch = ?, origin_url = ?, updated_at = ? \
-             WHERE call_session_id = ? AND ", movable!(), " RETURNING ", session_cols!());
-        self.write_session(
-            sql,
-            &[
-                node.into(),
-                epoch.into(),
-                origin.into(),
-                Value::Int(now_ms),
-                id.into(),
-                from_epoch.into(),
-            ],
-        )
+        let sql = match from_epoch {
+            None => concat!("UPDATE sessions SET state = 'assigned', owner = ?, epoch = ?, origin_url = ?, updated_at = ? \
+             WHERE call_session_id = ? AND owner IS NULL AND fence_node IS NULL AND state != 'ended' RETURNING ", session_cols!()),
+            Some(_) => concat!("UPDATE sessions SET state = 'assigned', owner = ?, epoch = ?, origin_url = ?, updated_at = ? \
+             WHERE call_session_id = ? AND ", movable!(), " RETURNING ", session_cols!()),
+        };
+        let mut params = vec![
+            node.into(),
+            epoch.into(),
+            origin.into(),
+            Value::Int(now_ms),
+            id.into(),
+        ];
+        params.extend(from_epoch.map(Value::from));
+        self.write_session(sql, &params)
     }
 
     /// Owned at `from_epoch` back to unowned (no node is eligible): the same
-    /// guard as [`Self::reassign_session`]; the epoch stays as evidence.
+    /// guard as a reassignment in [`Self::own_session`]; the epoch stays as evidence.
     pub(crate) fn release_session(
         &self,
         id: &str,
