@@ -30,11 +30,11 @@
 //!
 //! # Layout
 //!
-//! - [`ownership`]: a session's ownership states as types and their
+//! - `ownership`: a session's ownership states as types and their
 //!   guarded transitions (assign, reassign, release, fence, end), and
-//!   [`Engine::place`], the one assignment path;
-//! - [`queries`]: every SQL statement, one named function each;
-//! - [`rows`]: sessions, legs and events as read back;
+//!   `Engine::place`, the one assignment path;
+//! - `queries`: every SQL statement, one named function each;
+//! - `rows`: sessions, legs and events as read back;
 //! - `ingress`, `reports`, `fencing`, `alarm`, `nodes`, `documents`: the
 //!   `handle_*` methods, `poll_alarm`, heartbeats and documents;
 //! - `routing`: resolution, selection and the decision record;

@@ -2,9 +2,13 @@
 //! real engine on real SQLite (rusqlite, the same migrations as the Durable
 //! Object) through a carrier that duplicates, reorders, delays and retries,
 //! nodes that beat, die, come back, go dirty, drain, change SHA, time out or
-//! refuse, adversarial fence requests, stale compare-and-set writes,
-//! restarts that drop everything in memory, and late, reordered or lost
-//! delivery reports. After every step the checker verifies the invariants.
+//! refuse, adversarial fence requests, node ops under unknown keys, stale
+//! compare-and-set writes, restarts that drop everything in memory, and
+//! late, reordered or lost delivery reports carrying their hop and budget.
+//! The simulated Dispatcher asks the engine when its alarm is due after
+//! every state change. After every step the checker verifies the
+//! invariants, including the maintained open-call counts and the alarm's
+//! due time against a full scan of the tables.
 //!
 //! `CALLFENCE_SIM_SCHEDULES` sets the number of schedules (`make test` runs
 //! at least 2,000); `CALLFENCE_SIM_SEED` replays one schedule.
