@@ -26,8 +26,8 @@ use crate::log::RequestLog;
 use crate::protocol::{self, Next, Reply, Request as ProtocolRequest, Unavailable};
 use crate::refusal::Refusal;
 use crate::reply::{Answer, ApiError};
-use callfence_core::engine::{Forward, Report};
-use callfence_core::outcome::{EarlyAnswer, MAX_FORWARDS_PER_WEBHOOK};
+use callfence_core::engine::{Forward, Report, MAX_HOPS};
+use callfence_core::outcome::EarlyAnswer;
 use callfence_core::telnyx::Envelope;
 use futures_channel::oneshot;
 use serde_json::json;
@@ -89,14 +89,14 @@ pub async fn handle(
     let deadline = (received_at + budget + ANSWER_MARGIN_MS - now_ms()).max(1);
     let asked = now_ms();
     let (env_owned, body) = (env.clone(), webhook.body);
-    let (mut hop, _) = run_detached(ctx, async move {
+    let (mut outcome, _) = run_detached(ctx, async move {
         let reply = protocol::call_within(&env_owned, &request, &body, deadline).await;
         (Hop::Replied(reply), 0)
     })
     .await;
     log.waited(now_ms() - asked);
-    for _ in 0..MAX_FORWARDS_PER_WEBHOOK {
-        let forward = match hop {
+    for hop in 1..=MAX_HOPS {
+        let forward = match outcome {
             Hop::Answered(answer) => return Ok(answer),
             Hop::Replied(Ok(Reply::Done(Next::Forward(f)))) => *f,
             Hop::Replied(Ok(Reply::Done(Next::Answer(answer)))) => return Ok(Answer::ok(answer)),
@@ -105,9 +105,9 @@ pub async fn handle(
         };
         // A version 1 Dispatcher: forward and report here.
         let left = budget - (now_ms() - received_at);
-        let (next, waited) = forward_and_report(env, ctx, config, forward, left).await;
+        let (next, waited) = forward_and_report(env, ctx, config, forward, (hop, left)).await;
         log.waited(waited);
-        hop = next;
+        outcome = next;
     }
     // Still being moved after the hop limit: the alarm finishes the job.
     Ok(Answer::refusal(&Refusal::Reassigned))
@@ -140,7 +140,7 @@ async fn forward_and_report(
     ctx: &Context,
     config: &IngressConfig,
     forward: Forward,
-    budget_ms: i64,
+    (hop, budget_ms): (u32, i64),
 ) -> (Hop, i64) {
     let (tx, rx) = oneshot::channel();
     let env = env.clone();
@@ -155,6 +155,7 @@ async fn forward_and_report(
             event_id: forward.event_id.clone(),
             epoch: forward.epoch,
             attempt: forward.attempt,
+            hop,
             answer,
             budget_left_ms: (budget_ms - spent).min(total),
         };

@@ -37,8 +37,10 @@
 //! State (SQL through [`store::Store`], schema in `migrations/`):
 //! - [`store`]: the storage trait, values, migrations runner, rusqlite backend.
 //! - [`engine`]: the Dispatcher state machine: documents, heartbeats,
-//!   ownership, the event ledger, fences, claims, media checks, the alarm,
-//!   and the read-only views (status, preview, decisions, calls).
+//!   ownership (typed states with guarded transitions), the event ledger,
+//!   fences, claims, media checks, the (node, key id) check of node ops, the
+//!   re-forward rule, the alarm and its due time, and the read-only views
+//!   (status, preview, decisions, calls); its SQL is one query module.
 //!
 //! # Invariants
 //!
@@ -55,6 +57,16 @@
 //! 7. Only eligible nodes are chosen, and every assignment cites the policy
 //!    and registry revisions and a clean SHA.
 //! 8. Document revisions only grow; a stale compare-and-set changes nothing.
+//! 9. Each node's maintained open-call count (`node_load`) equals the number
+//!    of its sessions that are `assigned` or `answered`.
+//! 10. After every step, the engine's next alarm time is exactly when the
+//!     stored work is next due (parked events, re-drives, lapsing leases,
+//!     the sweep): never late, never missing.
+//! 11. A reassigned event is forwarded again at once if and only if a hop is
+//!     left (`MAX_HOPS`) and the carrier's budget left is at least
+//!     `MIN_REFORWARD_BUDGET_MS`.
+//! 12. A node op under a (node, key id) not in the current registry is
+//!     refused `unknown_node_key` and changes nothing.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

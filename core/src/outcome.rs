@@ -21,11 +21,6 @@ pub enum OriginAnswer {
     NetworkError,
 }
 
-/// At most this many forwards for one webhook: the first owner, then new
-/// owners after definite non-deliveries while the budget allows (a call still
-/// moving after that is answered 503 `reassigned` and the alarm delivers).
-pub const MAX_FORWARDS_PER_WEBHOOK: usize = 3;
-
 impl OriginAnswer {
     /// An HTTP answer, its body truncated to [`MAX_RECORDED_BODY`] bytes as
     /// it is recorded and classified.

@@ -1,19 +1,21 @@
 //! Scenario tests of the engine on real SQLite: the paths the simulation
 //! does not drive (claims and outgoing sessions, the pending window closing,
 //! refused deliveries after an ambiguous one, media checks, heartbeat replay,
-//! the preview of a draft policy, and the status view's stale marks).
+//! the preview of a draft policy, the status view's stale marks, and the
+//! open-call count across a rollback to the previous release).
 
 use callfence_core::document::DocKind;
 use callfence_core::encoding::b64_encode;
 use callfence_core::engine::{
-    ClaimReply, ClaimRequest, Engine, EngineConfig, FenceRefusal, FenceReply, FenceRequest,
-    Forward, HeartbeatRefusal, Ingress, MediaRefusal, MediaReply, PendingReason, PreviewRequest,
-    Report, ReportEffect, ReportedAnswer,
+    may_reforward, Caller, ClaimReply, ClaimRequest, Engine, EngineConfig, FenceRefusal,
+    FenceReply, FenceRequest, Forward, HeartbeatRefusal, Ingress, MediaRefusal, MediaReply,
+    PendingReason, PreviewRequest, Report, ReportEffect, ReportedAnswer, MAX_HOPS,
+    MIN_REFORWARD_BUDGET_MS,
 };
 use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, Mode, HEARTBEAT_SCHEMA};
 use callfence_core::media::MediaKeys;
-use callfence_core::store::migrate;
 use callfence_core::store::sqlite::SqliteStore;
+use callfence_core::store::{migrate, migrate_with, Store, Value, MIGRATIONS};
 use callfence_core::telnyx::parse_envelope;
 use ed25519_dalek::SigningKey;
 use serde_json::json;
@@ -102,7 +104,7 @@ impl World {
         };
         edit(&mut hb);
         self.engine.handle_heartbeat(
-            node,
+            caller(node),
             self.now / 1000,
             &serde_json::to_vec(&hb).unwrap(),
             self.now,
@@ -126,6 +128,7 @@ impl World {
             attempt: f.attempt,
             answer,
             budget_left_ms: 1_000,
+            hop: 1,
         };
         self.engine.handle_report(&report, self.now).unwrap()
     }
@@ -138,9 +141,14 @@ impl World {
             purpose: callfence_core::wire::FencePurpose::Answer,
         };
         self.engine
-            .handle_fence(node, &req, &self.media, self.now)
+            .handle_fence(caller(node), &req, &self.media, self.now)
             .unwrap()
     }
+}
+
+/// A node signing with its registered key id.
+fn caller(node: &str) -> Caller<'_> {
+    Caller { node, kid: "k1" }
 }
 
 fn forward(ingress: Ingress) -> Forward {
@@ -177,19 +185,20 @@ fn an_outgoing_session_waits_for_its_claim_then_goes_to_the_claimer() {
         call_control_id: "leg-out-1".into(),
         call_session_id: "out-1".into(),
     };
-    let ClaimReply::Claimed { epoch, .. } = w.engine.handle_claim("M2", &claim, w.now).unwrap()
+    let ClaimReply::Claimed { epoch, .. } =
+        w.engine.handle_claim(caller("M2"), &claim, w.now).unwrap()
     else {
         panic!("not claimed")
     };
     assert_eq!(
-        w.engine.handle_claim("M2", &claim, w.now).unwrap(),
+        w.engine.handle_claim(caller("M2"), &claim, w.now).unwrap(),
         ClaimReply::Claimed {
             call_session_id: "out-1".into(),
             epoch
         }
     );
     assert_eq!(
-        w.engine.handle_claim("M1", &claim, w.now).unwrap(),
+        w.engine.handle_claim(caller("M1"), &claim, w.now).unwrap(),
         ClaimReply::AlreadyOwned
     );
     w.now += 10;
@@ -217,11 +226,11 @@ fn a_claim_cannot_take_an_inbound_session_and_strangers_are_refused() {
         call_session_id: "in-1".into(),
     };
     assert_eq!(
-        w.engine.handle_claim("M2", &claim, w.now).unwrap(),
+        w.engine.handle_claim(caller("M2"), &claim, w.now).unwrap(),
         ClaimReply::AlreadyOwned
     );
     assert_eq!(
-        w.engine.handle_claim("M9", &claim, w.now).unwrap(),
+        w.engine.handle_claim(caller("M9"), &claim, w.now).unwrap(),
         ClaimReply::NotRegistered
     );
 }
@@ -285,6 +294,7 @@ fn a_stale_report_changes_nothing_and_a_delivered_event_is_answered_from_the_led
         attempt: f.attempt,
         answer: ok(200),
         budget_left_ms: 0,
+        hop: 1,
     };
     assert_eq!(
         w.engine.handle_report(&stale, w.now).unwrap(),
@@ -350,7 +360,7 @@ fn media_tokens_hold_for_the_fenced_owner_until_hangup() {
     );
     let verify = |node: &str| {
         w.engine
-            .handle_media_verify(node, &grant.media_token, &w.media, w.now)
+            .handle_media_verify(caller(node), &grant.media_token, &w.media, w.now)
             .unwrap()
     };
     assert!(matches!(verify("M1"), MediaReply::Valid { .. }));
@@ -358,7 +368,7 @@ fn media_tokens_hold_for_the_fenced_owner_until_hangup() {
     forward(w.webhook("m2", "call.hangup", "s-m", "incoming"));
     let verify = |node: &str| {
         w.engine
-            .handle_media_verify(node, &grant.media_token, &w.media, w.now)
+            .handle_media_verify(caller(node), &grant.media_token, &w.media, w.now)
             .unwrap()
     };
     assert_eq!(verify("M1"), MediaReply::Invalid(MediaRefusal::CallEnded));
@@ -476,4 +486,138 @@ fn status_says_when_each_node_was_last_seen_and_whether_it_is_stale() {
         stale["mode"], "active",
         "the last report is kept, marked stale"
     );
+}
+
+/// `node_load` next to the count it replaces, per node.
+fn load_and_count(store: &SqliteStore) -> (Vec<Vec<Value>>, Vec<Vec<Value>>) {
+    let kept = store
+        .exec(
+            "SELECT node, open_calls FROM node_load WHERE open_calls != 0 ORDER BY node",
+            &[],
+        )
+        .unwrap();
+    let counted = store
+        .exec(
+            "SELECT owner, COUNT(*) FROM sessions WHERE owner IS NOT NULL AND state IN ('assigned', 'answered') GROUP BY owner ORDER BY owner",
+            &[],
+        )
+        .unwrap();
+    (kept, counted)
+}
+
+#[test]
+fn the_open_call_count_survives_a_rollback_to_the_previous_release_and_back() {
+    // The previous release's schema (0001 only), with open calls already.
+    let store = SqliteStore::in_memory().unwrap();
+    migrate_with(&store, &MIGRATIONS[..1], T0).unwrap();
+    let old_release_writes = [
+        "INSERT INTO sessions (call_session_id, state, owner, epoch, created_at, updated_at) VALUES ('a', 'assigned', 'M1', 1, 0, 0)",
+        "INSERT INTO sessions (call_session_id, state, owner, epoch, created_at, updated_at) VALUES ('b', 'answered', 'M2', 2, 0, 0)",
+        "INSERT INTO sessions (call_session_id, state, created_at, updated_at) VALUES ('c', 'pending_assignment', 0, 0)",
+    ];
+    for sql in old_release_writes {
+        store.exec(sql, &[]).unwrap();
+    }
+    // Roll forward: the migration backfills the count.
+    assert_eq!(migrate(&store, T0).unwrap(), vec!["0002_node_load"]);
+    let (kept, counted) = load_and_count(&store);
+    assert_eq!(kept, counted);
+    assert_eq!(kept.len(), 2);
+    // Roll back: the previous release writes sessions as it always did,
+    // knowing nothing of node_load; the triggers keep the count right.
+    for sql in [
+        "UPDATE sessions SET state = 'assigned', owner = 'M1', epoch = 3 WHERE call_session_id = 'c'",
+        "UPDATE sessions SET state = 'answered' WHERE call_session_id = 'a'",
+        "UPDATE sessions SET owner = 'M2', epoch = 4, state = 'assigned' WHERE call_session_id = 'c'",
+        "UPDATE sessions SET state = 'node_lost', settled_at = 1 WHERE owner = 'M2' AND state IN ('assigned', 'answered')",
+        "UPDATE sessions SET state = 'assigned', owner = 'M1', epoch = 5 WHERE call_session_id = 'c'",
+        "UPDATE sessions SET state = 'pending_assignment', owner = NULL WHERE call_session_id = 'c'",
+        "DELETE FROM sessions WHERE call_session_id = 'a'",
+        "INSERT INTO sessions (call_session_id, state, owner, epoch, created_at, updated_at) VALUES ('d', 'assigned', 'M3', 6, 0, 0)",
+    ] {
+        store.exec(sql, &[]).unwrap();
+        let (kept, counted) = load_and_count(&store);
+        assert_eq!(kept, counted, "after {sql}");
+    }
+    // And the new release decides on it after the roll-forward.
+    let engine = Engine::new(store, EngineConfig::default());
+    assert_eq!(engine.status(T0).unwrap()["counts"]["open_calls"], 1);
+}
+
+#[test]
+fn a_reassigned_event_is_forwarded_again_only_within_the_hop_limit_and_budget() {
+    for (hop, budget_left_ms, forwarded) in [
+        (1, 1_000, true),
+        (MAX_HOPS - 1, MIN_REFORWARD_BUDGET_MS, true),
+        (MAX_HOPS, 1_000, false),
+        (1, MIN_REFORWARD_BUDGET_MS - 1, false),
+    ] {
+        let mut w = World::new();
+        w.beat("M1", |_| {}).unwrap();
+        w.beat("M2", |_| {}).unwrap();
+        let first = forward(w.webhook("h1", "call.initiated", "s-h", "incoming"));
+        let report = Report {
+            event_id: first.event_id.clone(),
+            epoch: first.epoch,
+            attempt: first.attempt,
+            answer: not_admitted(),
+            budget_left_ms,
+            hop,
+        };
+        let ReportEffect::Reassigned(next) = w.engine.handle_report(&report, w.now).unwrap() else {
+            panic!("not reassigned")
+        };
+        assert_eq!(next.is_some(), forwarded, "hop {hop}, {budget_left_ms} ms");
+        assert_eq!(may_reforward(hop, budget_left_ms), forwarded);
+        if next.is_none() {
+            // The alarm delivers to the new owner.
+            let work = w.engine.poll_alarm(w.now).unwrap();
+            assert_eq!(work.forwards.len(), 1);
+            assert_eq!(work.forwards[0].node, "M2");
+        }
+    }
+}
+
+#[test]
+fn a_key_removed_from_the_registry_is_refused_for_every_node_op() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    let f = forward(w.webhook("k1", "call.initiated", "s-k", "incoming"));
+    let gone = Caller {
+        node: "M1",
+        kid: "k0",
+    };
+    let req = FenceRequest {
+        call_session_id: "s-k".into(),
+        call_control_id: "leg-s-k".into(),
+        epoch: f.epoch,
+        purpose: callfence_core::wire::FencePurpose::Answer,
+    };
+    assert_eq!(
+        w.engine.handle_fence(gone, &req, &w.media, w.now).unwrap(),
+        FenceReply::UnknownNodeKey
+    );
+    let claim = ClaimRequest {
+        call_control_id: "out-leg".into(),
+        call_session_id: "out".into(),
+    };
+    assert_eq!(
+        w.engine.handle_claim(gone, &claim, w.now).unwrap(),
+        ClaimReply::NotRegistered
+    );
+    assert_eq!(
+        w.engine
+            .handle_media_verify(gone, "x", &w.media, w.now)
+            .unwrap(),
+        MediaReply::UnknownNodeKey
+    );
+    assert_eq!(
+        w.engine.handle_heartbeat(gone, w.now / 1000, b"{}", w.now),
+        Err(HeartbeatRefusal::UnknownNode)
+    );
+    // The registered key still fences.
+    assert!(matches!(
+        w.fence("M1", "s-k", f.epoch),
+        FenceReply::Granted(_)
+    ));
 }

@@ -16,19 +16,19 @@ use crate::config::EdgeKey;
 use crate::forward;
 use crate::protocol::Next;
 use crate::refusal::Refusal;
-use callfence_core::engine::{Engine, EngineError, Forward, Report, ReportEffect};
-use callfence_core::outcome::MAX_FORWARDS_PER_WEBHOOK;
+use callfence_core::engine::{Engine, EngineError, Forward, Report, ReportEffect, MAX_HOPS};
 use callfence_core::store::Store;
 
-/// Sends `forward` within `budget_ms` and applies its report. With
-/// `reforward`, the budget left may move the call to a new owner at once
-/// (a webhook); without, a move is left to the alarm. Returns the effect and
+/// Sends `forward` within `budget_ms` and applies its report as forward
+/// number `hop` of its webhook. With `reforward`, the budget left may move
+/// the call to a new owner at once (a webhook; core's `may_reforward`
+/// decides); without, a move is left to the alarm. Returns the effect and
 /// the milliseconds spent awaiting the origin.
 pub async fn send_and_report<S: Store>(
     engine: &Engine<S>,
     edge: &EdgeKey,
     forward: &Forward,
-    budget_ms: i64,
+    (hop, budget_ms): (u32, i64),
     reforward: bool,
 ) -> Result<(ReportEffect, i64), EngineError> {
     let sent_at = now_ms();
@@ -38,6 +38,7 @@ pub async fn send_and_report<S: Store>(
         event_id: forward.event_id.clone(),
         epoch: forward.epoch,
         attempt: forward.attempt,
+        hop,
         answer,
         budget_left_ms: if reforward {
             (budget_ms - (now - sent_at)).max(0)
@@ -61,10 +62,11 @@ pub async fn deliver<S: Store>(
 ) -> Result<(String, i64), EngineError> {
     let mut forward = first;
     let mut waited = 0;
-    for _ in 0..MAX_FORWARDS_PER_WEBHOOK {
+    for hop in 1..=MAX_HOPS {
         let elapsed = (now_ms() - received_at_ms).clamp(0, forward_timeout_ms);
         let budget = (forward_timeout_ms - elapsed).max(1);
-        let (effect, origin_ms) = send_and_report(engine, edge, &forward, budget, true).await?;
+        let (effect, origin_ms) =
+            send_and_report(engine, edge, &forward, (hop, budget), true).await?;
         waited += origin_ms;
         match report_way(effect) {
             Ok(Next::Forward(next)) => forward = *next,

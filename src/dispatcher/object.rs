@@ -130,7 +130,7 @@ impl DurableObject for Dispatcher {
             let budget = i64::from(ingress.forward_timeout_ms);
             for f in work.forwards {
                 let (_, waited) =
-                    deliver::send_and_report(&self.engine, &ingress.edge, &f, budget, false)
+                    deliver::send_and_report(&self.engine, &ingress.edge, &f, (1, budget), false)
                         .await
                         .map_err(rust_error)?;
                 origin_ms += waited;

@@ -10,9 +10,9 @@ use crate::protocol::{
 use crate::refusal::{DocumentRefusal, Refusal};
 use callfence_core::admission;
 use callfence_core::engine::{
-    BadRequest, ClaimReply, ClaimRequest, Engine, EngineError, FenceReply, FenceRequest, Forward,
-    HeartbeatRefusal, Ingress, MediaReply, MediaVerifyRequest, PendingReason, PreviewRequest,
-    ReportEffect,
+    BadRequest, Caller, ClaimReply, ClaimRequest, Engine, EngineError, FenceReply, FenceRequest,
+    Forward, HeartbeatRefusal, Ingress, MediaReply, MediaVerifyRequest, PendingReason,
+    PreviewRequest, ReportEffect,
 };
 use callfence_core::media::MediaKeys;
 use callfence_core::store::Store;
@@ -111,9 +111,10 @@ pub fn serve<S: Store>(
             node,
             kid,
             signed_at_s,
-        } => match key_in_force(engine, node, kid)? {
+        } => match engine.key_in_force(caller(node, kid))? {
             false => Err(Refusal::UnknownNodeKey),
-            true => match engine.handle_heartbeat(node, *signed_at_s, payload, now_ms) {
+            true => match engine.handle_heartbeat(caller(node, kid), *signed_at_s, payload, now_ms)
+            {
                 Ok(answer) => done(&answer),
                 Err(HeartbeatRefusal::Engine(e)) => return Err(e),
                 Err(HeartbeatRefusal::Invalid(detail)) => Err(Refusal::InvalidHeartbeat(detail)),
@@ -121,22 +122,23 @@ pub fn serve<S: Store>(
                 Err(HeartbeatRefusal::UnknownNode) => Err(Refusal::UnknownNodeKey),
             },
         },
-        Request::Fence { node, kid } => match (key_in_force(engine, node, kid)?, media) {
+        Request::Fence { node, kid } => match (engine.key_in_force(caller(node, kid))?, media) {
             (false, _) => Err(Refusal::UnknownNodeKey),
             (true, None) => Err(Refusal::MediaKeysMissing),
             (true, Some(media)) => match parse(payload, FenceRequest::parse) {
                 Err(refusal) => Err(refusal),
-                Ok(req) => match engine.handle_fence(node, &req, media, now_ms)? {
+                Ok(req) => match engine.handle_fence(caller(node, kid), &req, media, now_ms)? {
                     FenceReply::Granted(grant) => done(&grant),
+                    FenceReply::UnknownNodeKey => Err(Refusal::UnknownNodeKey),
                     FenceReply::Refused(r) => Err(Refusal::Fence(r)),
                 },
             },
         },
-        Request::Claim { node, kid } => match key_in_force(engine, node, kid)? {
+        Request::Claim { node, kid } => match engine.key_in_force(caller(node, kid))? {
             false => Err(Refusal::UnknownNodeKey),
             true => match parse(payload, ClaimRequest::parse) {
                 Err(refusal) => Err(refusal),
-                Ok(req) => match engine.handle_claim(node, &req, now_ms)? {
+                Ok(req) => match engine.handle_claim(caller(node, kid), &req, now_ms)? {
                     ClaimReply::Claimed {
                         call_session_id,
                         epoch,
@@ -146,22 +148,30 @@ pub fn serve<S: Store>(
                 },
             },
         },
-        Request::MediaVerify { node, kid } => match (key_in_force(engine, node, kid)?, media) {
-            (false, _) => Err(Refusal::UnknownNodeKey),
-            (true, None) => Err(Refusal::MediaKeysMissing),
-            (true, Some(media)) => match parse(payload, MediaVerifyRequest::parse) {
-                Err(refusal) => Err(refusal),
-                Ok(req) => {
-                    match engine.handle_media_verify(node, &req.media_token, media, now_ms)? {
-                        MediaReply::Valid {
-                            call_session_id,
-                            epoch,
-                        } => done(&MediaValid::new(&call_session_id, epoch)),
-                        MediaReply::Invalid(r) => Err(Refusal::Media(r)),
+        Request::MediaVerify { node, kid } => {
+            match (engine.key_in_force(caller(node, kid))?, media) {
+                (false, _) => Err(Refusal::UnknownNodeKey),
+                (true, None) => Err(Refusal::MediaKeysMissing),
+                (true, Some(media)) => match parse(payload, MediaVerifyRequest::parse) {
+                    Err(refusal) => Err(refusal),
+                    Ok(req) => {
+                        match engine.handle_media_verify(
+                            caller(node, kid),
+                            &req.media_token,
+                            media,
+                            now_ms,
+                        )? {
+                            MediaReply::UnknownNodeKey => Err(Refusal::UnknownNodeKey),
+                            MediaReply::Valid {
+                                call_session_id,
+                                epoch,
+                            } => done(&MediaValid::new(&call_session_id, epoch)),
+                            MediaReply::Invalid(r) => Err(Refusal::Media(r)),
+                        }
                     }
-                }
-            },
-        },
+                },
+            }
+        }
         Request::GetDocument { kind, revision } => match engine.get_document(*kind, *revision) {
             Ok((revision, document)) => done(&DocumentRead { revision, document }),
             Err(e) => Err(Refusal::Document(DocumentRefusal::from_error(e)?)),
@@ -236,14 +246,12 @@ fn webhook<S: Store>(
     )
 }
 
-/// True when the request's node and key id are in the current registry
-/// (the Worker's key cache may lag a registry change by a few seconds: a
-/// key removed since is refused here).
-fn key_in_force<S: Store>(engine: &Engine<S>, node: &str, kid: &str) -> Result<bool, EngineError> {
-    Ok(engine
-        .registry()?
-        .and_then(|(_, registry)| registry.nodes.get(node).map(|e| e.keys.contains_key(kid)))
-        .unwrap_or(false))
+/// The caller of a node request. The engine re-checks the pair against its
+/// current registry (the Worker's key cache may lag a registry change by a
+/// few seconds: a key removed since is refused); it is checked here first,
+/// so an unknown key learns nothing about the body's validation.
+fn caller<'a>(node: &'a str, kid: &'a str) -> Caller<'a> {
+    Caller { node, kid }
 }
 
 /// A node or preview body parsed by `parse`, or 400 `bad_request`.

@@ -5,7 +5,7 @@ use super::{Engine, EngineError};
 use crate::document::{expected_revision, DocKind, PreconditionError};
 use crate::policy::{CallerOverride, Line, RoutingPolicy};
 use crate::problem::Problem;
-use crate::store::{Store, Value};
+use crate::store::Store;
 use crate::time::parse_ms;
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
@@ -76,13 +76,9 @@ impl<S: Store> Engine<S> {
         &self,
         kind: DocKind,
     ) -> Result<Option<(u64, Json)>, EngineError> {
-        let rows = self.exec(
-            "SELECT revision, body FROM documents WHERE kind = ? ORDER BY revision DESC LIMIT 1",
-            &[kind.as_str().into()],
-        )?;
-        rows.into_iter()
-            .next()
-            .map(|row| parse_row(kind, &row))
+        self.q()
+            .latest_document(kind.as_str())?
+            .map(|row| parse_row(kind, row))
             .transpose()
     }
 
@@ -103,17 +99,11 @@ impl<S: Store> Engine<S> {
     ) -> Result<(u64, Json), DocError> {
         let found = match revision {
             None => self.latest_document(kind)?,
-            Some(rev) => {
-                let rows = self.exec(
-                    "SELECT revision, body FROM documents WHERE kind = ? AND revision = ?",
-                    &[kind.as_str().into(), rev.into()],
-                )?;
-                match rows.first() {
-                    Some(row) => Some(parse_row(kind, row)?),
-                    None if self.revision(kind)? == 0 => None,
-                    None => return Err(DocError::UnknownRevision),
-                }
-            }
+            Some(rev) => match self.q().document(kind.as_str(), rev)? {
+                Some(row) => Some(parse_row(kind, row)?),
+                None if self.revision(kind)? == 0 => None,
+                None => return Err(DocError::UnknownRevision),
+            },
         };
         let (rev, mut doc) = found.ok_or(DocError::Absent(kind))?;
         if let Json::Object(map) = &mut doc {
@@ -140,7 +130,7 @@ impl<S: Store> Engine<S> {
             PreconditionError::Missing => DocError::PreconditionRequired,
             PreconditionError::Malformed => DocError::BadPrecondition,
         })?;
-        self.store.atomically(|| {
+        self.unit(|| {
             let current = self.revision(kind)?;
             if expected != current {
                 return Err(DocError::RevisionConflict {
@@ -153,21 +143,17 @@ impl<S: Store> Engine<S> {
             };
             let next = current + 1;
             if next > crate::MAX_SAFE_INTEGER {
-                return Err(DocError::Engine(EngineError::Corrupt("revisions exhausted".into())));
+                return Err(DocError::Engine(EngineError::Corrupt(
+                    "revisions exhausted".into(),
+                )));
             }
-            self.exec(
-                "INSERT INTO documents (kind, revision, body, written_at, writer_fp) VALUES (?, ?, ?, ?, ?)",
-                &[
-                    kind.as_str().into(),
-                    next.into(),
-                    canonical.to_string().into(),
-                    Value::Int(now_ms),
-                    writer_fp.into(),
-                ],
-            )?;
-            self.exec(
-                "DELETE FROM documents WHERE kind = ? AND revision <= ?",
-                &[kind.as_str().into(), Value::Int(next as i64 - KEPT_REVISIONS)],
+            self.q().insert_document(
+                kind.as_str(),
+                next,
+                &canonical.to_string(),
+                writer_fp,
+                KEPT_REVISIONS,
+                now_ms,
             )?;
             self.invalidate(kind);
             Ok(next)
@@ -197,7 +183,7 @@ impl<S: Store> Engine<S> {
                     None => true,
                     Some(next) => entry.keys.keys().any(|kid| !next.keys.contains_key(kid)),
                 };
-                if removed && self.open_calls(node, None)? > 0 {
+                if removed && self.node_state(node, None)?.open_calls > 0 {
                     return Err(DocError::NodeInUse { node: node.clone() });
                 }
             }
@@ -224,11 +210,9 @@ impl<S: Store> Engine<S> {
     }
 }
 
-fn parse_row(kind: DocKind, row: &[Value]) -> Result<(u64, Json), EngineError> {
-    let corrupt = || EngineError::Corrupt(format!("stored {} document", kind.as_str()));
-    let revision = row.first().and_then(Value::as_int).ok_or_else(corrupt)?;
-    let body = row.get(1).and_then(Value::as_text).ok_or_else(corrupt)?;
-    let doc = serde_json::from_str(body).map_err(|_| corrupt())?;
+fn parse_row(kind: DocKind, (revision, body): (i64, String)) -> Result<(u64, Json), EngineError> {
+    let doc = serde_json::from_str(&body)
+        .map_err(|_| EngineError::Corrupt(format!("stored {} document", kind.as_str())))?;
     Ok((revision as u64, doc))
 }
 

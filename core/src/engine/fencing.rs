@@ -1,13 +1,15 @@
 //! The answer fence, claims of dialled sessions, and media checks
 //! (SPEC §7.4, §8): the guards that keep two nodes from answering one call.
 
+use super::nodes::Caller;
+use super::ownership::{Ownership, Target};
 use super::routing::DecisionSubject;
 use super::rows::{SessionRow, SessionState};
 use super::{ClaimRequest, Engine, EngineError, FenceRequest};
 use crate::decision::DecisionOutcome;
 use crate::fence::command_id;
 use crate::media::{self, MediaClaims, MediaError, MediaKeys};
-use crate::store::{Store, Value};
+use crate::store::Store;
 use crate::time::format_ms;
 
 pub use crate::wire::{FenceGrant, FenceRefusal, MediaRefusal};
@@ -17,8 +19,11 @@ pub use crate::wire::{FenceGrant, FenceRefusal, MediaRefusal};
 pub enum FenceReply {
     /// Granted.
     Granted(FenceGrant),
-    /// Refused.
+    /// Refused (409).
     Refused(FenceRefusal),
+    /// The caller's node or key id is not in the current registry (401
+    /// `unknown_node_key`).
+    UnknownNodeKey,
 }
 
 /// The answer to a claim.
@@ -34,7 +39,8 @@ pub enum ClaimReply {
     /// Another node owns it, or it is an inbound session the policy decides
     /// (409 `already_owned`).
     AlreadyOwned,
-    /// The claimer is not in the current registry (401 `unknown_node_key`).
+    /// The claimer's node or key id is not in the current registry (401
+    /// `unknown_node_key`).
     NotRegistered,
 }
 
@@ -50,72 +56,91 @@ pub enum MediaReply {
     },
     /// Refused (409).
     Invalid(MediaRefusal),
+    /// The caller's node or key id is not in the current registry (401
+    /// `unknown_node_key`).
+    UnknownNodeKey,
 }
 
 impl<S: Store> Engine<S> {
-    /// `POST /v1/fence` from `node` (signature already verified).
+    /// `POST /v1/fence` from `caller` (signature already verified).
     pub fn handle_fence(
         &self,
-        node: &str,
+        caller: Caller<'_>,
         req: &FenceRequest,
         keys: &MediaKeys,
         now_ms: i64,
     ) -> Result<FenceReply, EngineError> {
-        self.store.atomically(|| {
-            let Some(session) = self.load_session(&req.call_session_id)? else {
+        let node = caller.node;
+        self.unit(|| {
+            if !self.key_in_force(caller)? {
+                return Ok(FenceReply::UnknownNodeKey);
+            }
+            let found = self
+                .q()
+                .session_with_leg(&req.call_session_id, &req.call_control_id)?;
+            let Some((session, leg_session)) = found else {
                 return Ok(FenceReply::Refused(FenceRefusal::UnknownCall));
             };
-            if self.session_of_leg(&req.call_control_id)?.as_deref() != Some(session.id.as_str()) {
+            if leg_session.as_deref() != Some(session.id.as_str()) {
                 return Ok(FenceReply::Refused(FenceRefusal::UnknownCall));
             }
-            if let Some(fence) = &session.fence {
-                if fence.node == node && fence.epoch == req.epoch {
-                    return Ok(FenceReply::Granted(grant(&session.id, node, fence.epoch, &fence.command_id, fence.at_ms, false, keys)));
+            let owned = match Ownership::of(session) {
+                Ownership::Fenced(f) => {
+                    let fence = f.fence();
+                    if fence.node == node && fence.epoch == req.epoch {
+                        return Ok(FenceReply::Granted(grant(
+                            &f.row().id,
+                            node,
+                            fence.epoch,
+                            &fence.command_id,
+                            fence.at_ms,
+                            false,
+                            keys,
+                        )));
+                    }
+                    return Ok(FenceReply::Refused(refusal(f.row(), node)));
                 }
-                return Ok(FenceReply::Refused(refusal(&session, node)));
-            }
-            if session.state == SessionState::Ended {
-                return Ok(FenceReply::Refused(FenceRefusal::CallEnded));
-            }
-            if session.owner.as_deref() != Some(node) || session.epoch != Some(req.epoch) {
-                return Ok(FenceReply::Refused(refusal(&session, node)));
+                Ownership::Ended(_) => return Ok(FenceReply::Refused(FenceRefusal::CallEnded)),
+                Ownership::Unowned(u) => return Ok(FenceReply::Refused(refusal(u.row(), node))),
+                Ownership::Owned(o) => o,
+            };
+            if owned.owner() != node || owned.epoch() != req.epoch {
+                return Ok(FenceReply::Refused(refusal(owned.row(), node)));
             }
             let id = command_id(&req.call_control_id, req.epoch);
-            self.exec(
-                "UPDATE sessions SET fence_node = ?, fence_epoch = ?, fence_at = ?, command_id = ?, \
-                 state = CASE WHEN state = 'assigned' THEN 'answered' ELSE state END, updated_at = ? \
-                 WHERE call_session_id = ? AND fence_node IS NULL AND owner = ? AND epoch = ?",
-                &[
-                    node.into(),
-                    req.epoch.into(),
-                    Value::Int(now_ms),
-                    id.as_str().into(),
-                    Value::Int(now_ms),
-                    session.id.as_str().into(),
-                    node.into(),
-                    req.epoch.into(),
-                ],
-            )?;
-            Ok(FenceReply::Granted(grant(&session.id, node, req.epoch, &id, now_ms, true, keys)))
+            let fenced = owned.fence(&self.q(), &id, now_ms)?;
+            Ok(FenceReply::Granted(grant(
+                &fenced.row().id,
+                node,
+                req.epoch,
+                &id,
+                now_ms,
+                true,
+                keys,
+            )))
         })
     }
 
-    /// `POST /v1/claims`: `node` dialled this leg and owns its session.
+    /// `POST /v1/claims`: `caller` dialled this leg and owns its session.
     pub fn handle_claim(
         &self,
-        node: &str,
+        caller: Caller<'_>,
         req: &ClaimRequest,
         now_ms: i64,
     ) -> Result<ClaimReply, EngineError> {
-        self.store.atomically(|| {
+        let node = caller.node;
+        self.unit(|| {
+            if !self.key_in_force(caller)? {
+                return Ok(ClaimReply::NotRegistered);
+            }
             let Some((_, registry)) = self.registry()? else {
                 return Ok(ClaimReply::NotRegistered);
             };
             let Some(entry) = registry.nodes.get(node) else {
                 return Ok(ClaimReply::NotRegistered);
             };
-            let existing = self.load_session(&req.call_session_id)?;
-            match &existing {
+            let q = self.q();
+            match q.session(&req.call_session_id)? {
                 Some(s) if s.owner.as_deref() == Some(node) => {
                     return Ok(ClaimReply::Claimed {
                         call_session_id: s.id.clone(),
@@ -127,49 +152,57 @@ impl<S: Store> Engine<S> {
                 Some(s) if s.owner.is_some() || !s.is_outgoing() => {
                     return Ok(ClaimReply::AlreadyOwned);
                 }
-                Some(_) => {}
-                None => {
-                    self.exec(
-                        "INSERT INTO sessions (call_session_id, state, direction, created_at, updated_at) VALUES (?, 'pending_assignment', 'outgoing', ?, ?)",
-                        &[req.call_session_id.as_str().into(), Value::Int(now_ms), Value::Int(now_ms)],
-                    )?;
-                }
+                _ => {}
             }
-            if let Some(other) = self.session_of_leg(&req.call_control_id)? {
+            if let Some(other) = q.leg_session(&req.call_control_id)? {
                 if other != req.call_session_id {
                     return Ok(ClaimReply::AlreadyOwned);
                 }
             }
-            self.exec(
-                "INSERT INTO legs (call_control_id, call_session_id, state, updated_at) VALUES (?, ?, 'open', ?) ON CONFLICT (call_control_id) DO NOTHING",
-                &[req.call_control_id.as_str().into(), req.call_session_id.as_str().into(), Value::Int(now_ms)],
-            )?;
-            self.exec(
-                "UPDATE sessions SET direction = 'outgoing' WHERE call_session_id = ?",
-                &[req.call_session_id.as_str().into()],
-            )?;
-            let epoch = self.next_epoch()?;
-            self.set_owner(&req.call_session_id, node, epoch, &entry.origin_url, now_ms)?;
+            let Ownership::Unowned(unowned) =
+                Ownership::of(q.note_outgoing(&req.call_session_id, now_ms)?)
+            else {
+                return Ok(ClaimReply::AlreadyOwned);
+            };
+            q.track_leg(&req.call_control_id, &req.call_session_id, None, now_ms)?;
+            let ids = q.counters(&["epoch", "decision"], &[])?;
+            let target = Target {
+                node: node.to_owned(),
+                origin: entry.origin_url.clone(),
+            };
+            let owned = unowned.assign(&q, &target, ids[0], true, now_ms)?;
             let subject = DecisionSubject {
                 session: Some(&req.call_session_id),
                 event: None,
             };
-            self.record_decision(subject, None, Some(node), Some(epoch), DecisionOutcome::Assigned, now_ms)?;
+            self.record_decision(
+                Some(ids[1]),
+                subject,
+                None,
+                Some(node),
+                Some(owned.epoch()),
+                DecisionOutcome::Assigned,
+                now_ms,
+            )?;
             Ok(ClaimReply::Claimed {
                 call_session_id: req.call_session_id.clone(),
-                epoch,
+                epoch: owned.epoch(),
             })
         })
     }
 
-    /// `POST /v1/media/verify` from `node`.
+    /// `POST /v1/media/verify` from `caller`.
     pub fn handle_media_verify(
         &self,
-        node: &str,
+        caller: Caller<'_>,
         token: &str,
         keys: &MediaKeys,
         now_ms: i64,
     ) -> Result<MediaReply, EngineError> {
+        if !self.key_in_force(caller)? {
+            return Ok(MediaReply::UnknownNodeKey);
+        }
+        let node = caller.node;
         let claims = match media::verify(keys, token, now_ms) {
             Ok(c) => c,
             Err(MediaError::Expired) => return Ok(MediaReply::Invalid(MediaRefusal::Expired)),
@@ -178,7 +211,7 @@ impl<S: Store> Engine<S> {
         if claims.node != node {
             return Ok(MediaReply::Invalid(MediaRefusal::NotOwner));
         }
-        let Some(session) = self.load_session(&claims.call_session_id)? else {
+        let Some(session) = self.q().session(&claims.call_session_id)? else {
             return Ok(MediaReply::Invalid(MediaRefusal::BadToken));
         };
         let refusal = if session.epoch != Some(claims.epoch) {

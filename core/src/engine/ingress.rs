@@ -1,13 +1,17 @@
 //! Ingress: a verified webhook enters the ledger, is deduplicated on
 //! `data.id`, finds its session, and is either forwarded to the session's
 //! owner, parked, or recorded (SPEC §7.2–7.5).
+//!
+//! A new event is decided before it is written, so its ledger row is
+//! inserted once, in its final state (a first attempt, parked, ignored or
+//! unroutable): a new call costs nine statements.
 
-use super::routing::DecisionSubject;
-use super::rows::{event_state as st, EventRow, SessionRow, SessionState};
+use super::ownership::{Ownership, Placeable, Placed};
+use super::queries::{NewEvent, NewSession};
+use super::rows::{event_state as st, EventRow, Payload, SessionRow};
 use super::{Engine, EngineError, Forward};
-use crate::decision::DecisionOutcome;
 use crate::number::normalise;
-use crate::store::{Store, Value};
+use crate::store::Store;
 use crate::telnyx::Envelope;
 use serde::Serialize;
 
@@ -61,12 +65,6 @@ pub enum Ingress {
     Unroutable,
 }
 
-/// The outcome of trying to give an unowned session an owner.
-pub(crate) enum Assignment {
-    Assigned,
-    Parked(PendingReason),
-}
-
 impl<S: Store> Engine<S> {
     /// `POST /v1/telnyx/webhook`, after the Worker verified the signature and
     /// parsed the envelope. `headers` are the Telnyx headers to store with
@@ -78,55 +76,92 @@ impl<S: Store> Engine<S> {
         headers: &[(String, String)],
         now_ms: i64,
     ) -> Result<Ingress, EngineError> {
-        self.store.atomically(|| {
-            self.set_counter("last_webhook_at", now_ms)?;
-            if let Some(event) = self.load_event(&envelope.event_id)? {
+        self.unit(|| {
+            let q = self.q();
+            if let Some(event) = q.event(&envelope.event_id)? {
+                q.set_counter("last_webhook_at", now_ms)?;
                 return self.on_duplicate(event, now_ms);
             }
+            let seq = q.counters(&["event_seq"], &[("last_webhook_at", now_ms)])?[0];
+            let headers_json =
+                serde_json::to_string(headers).map_err(|e| EngineError::Corrupt(e.to_string()))?;
+            let new = |session, state, pending_until, attempt| NewEvent {
+                event_id: &envelope.event_id,
+                seq,
+                session,
+                call_control_id: envelope.call_control_id.as_deref(),
+                event_type: &envelope.event_type,
+                state,
+                body,
+                headers: &headers_json,
+                now_ms,
+                pending_until,
+                attempt,
+            };
             if !self.serves_connection(envelope.connection_id.as_deref()) {
-                self.insert_event(
-                    envelope,
-                    envelope.session_hint(),
-                    st::IGNORED,
-                    body,
-                    headers,
-                    now_ms,
-                )?;
+                q.insert_event(&new(envelope.session_hint(), st::IGNORED, None, None))?;
                 return Ok(Ingress::Ignored);
             }
             let session_id = match envelope.session_hint() {
                 Some(id) => Some(id.to_owned()),
                 None => match envelope.call_control_id.as_deref() {
-                    Some(ccid) => self.session_of_leg(ccid)?,
+                    Some(ccid) => q.leg_session(ccid)?,
                     None => None,
                 },
             };
             let Some(session_id) = session_id else {
-                self.insert_event(envelope, None, st::UNROUTABLE, body, headers, now_ms)?;
+                q.insert_event(&new(None, st::UNROUTABLE, None, None))?;
                 return Ok(Ingress::Unroutable);
             };
-            self.insert_event(
-                envelope,
-                Some(&session_id),
-                st::PENDING,
-                body,
-                headers,
-                now_ms,
-            )?;
-            let session = match self.load_session(&session_id)? {
-                Some(s) => s,
-                None => self.create_session(&session_id, envelope, now_ms)?,
+            let (session, created) = self.open_session(&session_id, envelope, now_ms)?;
+            let session = self.track_leg(session, envelope, now_ms)?;
+            let session = match session {
+                Ownership::Unowned(u) => {
+                    match self.place(
+                        Placeable::Unowned(u),
+                        Some(&envelope.event_id),
+                        true,
+                        !created,
+                        now_ms,
+                    )? {
+                        Placed::Assigned(owned) => Ownership::Owned(owned),
+                        Placed::Parked(reason) => {
+                            let until = now_ms + self.config.timing.pending_window_ms;
+                            q.insert_event(&new(
+                                Some(&session_id),
+                                st::PENDING,
+                                Some(until),
+                                None,
+                            ))?;
+                            return Ok(Ingress::Pending(reason));
+                        }
+                    }
+                }
+                owned => owned,
             };
-            self.track_leg(&session, envelope, now_ms)?;
-            let event = self
-                .load_event(&envelope.event_id)?
-                .ok_or_else(|| EngineError::Corrupt("event vanished".into()))?;
-            if session.owner.is_some() {
-                return Ok(Ingress::Forward(
-                    self.start_attempt(&event, &session, now_ms)?,
-                ));
-            }
-            self.assign_or_park(session, event, true, now_ms)
+            let row = session.row();
+            let (Some(node), Some(epoch), Some(origin)) = (&row.owner, row.epoch, &row.origin_url)
+            else {
+                return Err(EngineError::Corrupt("attempt on an unowned session".into()));
+            };
+            let lease = self.lease_until(now_ms);
+            q.insert_event(&new(
+                Some(&session_id),
+                st::FORWARDING,
+                None,
+                Some((node, epoch, lease)),
+            ))?;
+            Ok(Ingress::Forward(Forward {
+                event_id: envelope.event_id.clone(),
+                call_session_id: session_id.clone(),
+                call_control_id: envelope.call_control_id.clone(),
+                node: node.clone(),
+                origin_url: origin.clone(),
+                epoch,
+                attempt: 1,
+                body: body.to_owned(),
+                headers: headers.to_vec(),
+            }))
         })
     }
 
@@ -137,104 +172,60 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    fn insert_event(
-        &self,
-        envelope: &Envelope,
-        session: Option<&str>,
-        state: &str,
-        body: &str,
-        headers: &[(String, String)],
-        now_ms: i64,
-    ) -> Result<(), EngineError> {
-        let seq = self.next_counter("event_seq")?;
-        let headers =
-            serde_json::to_string(headers).map_err(|e| EngineError::Corrupt(e.to_string()))?;
-        let pending_until =
-            (state == st::PENDING).then_some(now_ms + self.config.timing.pending_window_ms);
-        self.exec(
-            "INSERT INTO events (event_id, seq, call_session_id, call_control_id, event_type, state, body, headers, received_at, updated_at, pending_until) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            &[
-                envelope.event_id.as_str().into(),
-                seq.into(),
-                session.into(),
-                envelope.call_control_id.as_deref().into(),
-                envelope.event_type.as_str().into(),
-                state.into(),
-                body.into(),
-                headers.into(),
-                Value::Int(now_ms),
-                Value::Int(now_ms),
-                pending_until.into(),
-            ],
-        )?;
-        Ok(())
-    }
-
-    fn create_session(
+    /// The session of a new event, created from the event's numbers when it
+    /// is the first; true when created in this unit.
+    fn open_session(
         &self,
         id: &str,
         envelope: &Envelope,
         now_ms: i64,
-    ) -> Result<SessionRow, EngineError> {
+    ) -> Result<(Ownership, bool), EngineError> {
         let caller = envelope.from.as_deref().and_then(normalise);
         let called = envelope.to.as_deref().and_then(normalise);
-        self.exec(
-            "INSERT INTO sessions (call_session_id, state, direction, caller, called, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            &[
-                id.into(),
-                SessionState::PendingAssignment.as_str().into(),
-                envelope.direction.as_deref().into(),
-                caller.into(),
-                called.into(),
-                Value::Int(now_ms),
-                Value::Int(now_ms),
-            ],
-        )?;
-        self.load_session(id)?
-            .ok_or_else(|| EngineError::Corrupt("session vanished".into()))
+        let q = self.q();
+        if let Some(row) = q.insert_session(&NewSession {
+            id,
+            direction: envelope.direction.as_deref(),
+            caller: caller.as_deref(),
+            called: called.as_deref(),
+            now_ms,
+        })? {
+            return Ok((Ownership::of(row), true));
+        }
+        let row = q
+            .session(id)?
+            .ok_or_else(|| EngineError::Corrupt("session vanished".into()))?;
+        Ok((Ownership::of(row), false))
     }
 
     /// Records the leg and its lifecycle: `call.answered` marks it answered,
-    /// `call.hangup` hung up; a session whose every leg hung up has ended.
+    /// `call.hangup` hung up; an owned session whose every leg hung up has
+    /// ended.
     fn track_leg(
         &self,
-        session: &SessionRow,
+        session: Ownership,
         envelope: &Envelope,
         now_ms: i64,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Ownership, EngineError> {
         let Some(ccid) = envelope.call_control_id.as_deref() else {
-            return Ok(());
+            return Ok(session);
         };
         let leg_state = match envelope.event_type.as_str() {
             "call.hangup" => Some("hungup"),
             "call.answered" => Some("answered"),
             _ => None,
         };
-        self.exec(
-            "INSERT INTO legs (call_control_id, call_session_id, state, updated_at) VALUES (?, ?, 'open', ?) \
-             ON CONFLICT (call_control_id) DO NOTHING",
-            &[ccid.into(), session.id.as_str().into(), Value::Int(now_ms)],
-        )?;
-        if let Some(state) = leg_state {
-            self.exec(
-                "UPDATE legs SET state = ?, updated_at = ? WHERE call_control_id = ? AND state != 'hungup'",
-                &[state.into(), Value::Int(now_ms), ccid.into()],
-            )?;
+        let q = self.q();
+        q.track_leg(ccid, &session.row().id, leg_state, now_ms)?;
+        if leg_state == Some("hungup") {
+            return session.end_if_hung_up(&q, now_ms);
         }
-        if leg_state == Some("hungup") && session.owner.is_some() {
-            let open = self.scalar(
-                "SELECT COUNT(*) FROM legs WHERE call_session_id = ? AND state != 'hungup'",
-                &[session.id.as_str().into()],
-            )?;
-            if open == Some(0) {
-                self.exec(
-                    "UPDATE sessions SET state = 'ended', settled_at = ?, updated_at = ? WHERE call_session_id = ?",
-                    &[Value::Int(now_ms), Value::Int(now_ms), session.id.as_str().into()],
-                )?;
-            }
-        }
-        Ok(())
+        Ok(session)
+    }
+
+    /// The lease of an attempt started now: the forward budget plus grace.
+    fn lease_until(&self, now_ms: i64) -> i64 {
+        now_ms + self.config.forward_timeout_ms + self.config.timing.lease_grace_ms
     }
 
     fn on_duplicate(&self, event: EventRow, now_ms: i64) -> Result<Ingress, EngineError> {
@@ -248,141 +239,57 @@ impl<S: Store> Engine<S> {
             }
             st::FORWARDING | st::UNKNOWN | st::QUEUED | st::PENDING => {
                 let session = match event.call_session_id.as_deref() {
-                    Some(id) => self.load_session(id)?,
+                    Some(id) => self.q().session(id)?,
                     None => None,
                 };
                 let Some(session) = session else {
                     return Ok(Ingress::Unroutable);
                 };
-                if session.owner.is_some() {
-                    Ok(Ingress::Forward(
-                        self.start_attempt(&event, &session, now_ms)?,
-                    ))
-                } else {
-                    self.assign_or_park(session, event, false, now_ms)
-                }
+                let session = match Ownership::of(session) {
+                    Ownership::Unowned(u) => {
+                        match self.place(
+                            Placeable::Unowned(u),
+                            Some(&event.event_id),
+                            false,
+                            true,
+                            now_ms,
+                        )? {
+                            Placed::Assigned(owned) => owned.row().clone(),
+                            Placed::Parked(reason) => {
+                                if event.state != st::PENDING {
+                                    self.park_event(&event.event_id, now_ms)?;
+                                }
+                                return Ok(Ingress::Pending(reason));
+                            }
+                        }
+                    }
+                    owned => owned.row().clone(),
+                };
+                let payload = self.q().payload(&event.event_id)?;
+                Ok(Ingress::Forward(
+                    self.start_attempt(&event, payload, &session, now_ms)?,
+                ))
             }
             // A state written by a newer release: answer safely, change nothing.
             _ => Ok(Ingress::InProgress),
         }
     }
 
-    /// Gives an unowned session an owner and forwards `event`, or parks the
-    /// event. `first_park` records a `pending` decision (only the first time
-    /// an event is parked; re-checks record nothing).
-    fn assign_or_park(
-        &self,
-        session: SessionRow,
-        event: EventRow,
-        first_park: bool,
-        now_ms: i64,
-    ) -> Result<Ingress, EngineError> {
-        match self.try_assign(&session, &event.event_id, first_park, now_ms)? {
-            Assignment::Assigned => {
-                let session = self
-                    .load_session(&session.id)?
-                    .ok_or_else(|| EngineError::Corrupt("session vanished".into()))?;
-                Ok(Ingress::Forward(
-                    self.start_attempt(&event, &session, now_ms)?,
-                ))
-            }
-            Assignment::Parked(reason) => {
-                if event.state != st::PENDING {
-                    self.park_event(&event.event_id, now_ms)?;
-                }
-                Ok(Ingress::Pending(reason))
-            }
-        }
-    }
-
-    /// Tries to give an unowned inbound session an owner by policy. On
-    /// success the session's parked events are queued for the owner.
-    pub(crate) fn try_assign(
-        &self,
-        session: &SessionRow,
-        event_id: &str,
-        record_pending: bool,
-        now_ms: i64,
-    ) -> Result<Assignment, EngineError> {
-        let subject = || DecisionSubject {
-            session: Some(&session.id),
-            event: Some(event_id),
-        };
-        // An outgoing session is never resolved by policy: it waits for its claim.
-        let routed = match session.is_outgoing() {
-            true => None,
-            false => self.route_session(session, now_ms)?,
-        };
-        let Some((node, origin)) = routed.as_ref().and_then(|r| r.target()) else {
-            if record_pending {
-                self.record_decision(
-                    subject(),
-                    routed.as_ref(),
-                    None,
-                    None,
-                    DecisionOutcome::Pending,
-                    now_ms,
-                )?;
-            }
-            let reason = match routed.is_none() && !session.is_outgoing() {
-                true => PendingReason::NoPolicy,
-                false => PendingReason::NoEligibleNode,
-            };
-            return Ok(Assignment::Parked(reason));
-        };
-        let epoch = self.next_epoch()?;
-        self.set_owner(&session.id, &node, epoch, &origin, now_ms)?;
-        self.record_decision(
-            subject(),
-            routed.as_ref(),
-            None,
-            Some(epoch),
-            DecisionOutcome::Assigned,
-            now_ms,
-        )?;
-        Ok(Assignment::Assigned)
-    }
-
-    /// Makes `node` the owner at `epoch` and queues the session's undelivered
-    /// events for it, in order.
-    pub(crate) fn set_owner(
-        &self,
-        session: &str,
-        node: &str,
-        epoch: u64,
-        origin: &str,
-        now_ms: i64,
-    ) -> Result<(), EngineError> {
-        self.exec(
-            "UPDATE sessions SET state = 'assigned', owner = ?, epoch = ?, origin_url = ?, updated_at = ? WHERE call_session_id = ?",
-            &[node.into(), epoch.into(), origin.into(), Value::Int(now_ms), session.into()],
-        )?;
-        self.exec(
-            "UPDATE events SET state = 'queued', next_try_at = ?, pending_until = NULL, updated_at = ? \
-             WHERE call_session_id = ? AND state IN ('pending_assignment', 'forwarding', 'unknown', 'queued')",
-            &[Value::Int(now_ms), Value::Int(now_ms), session.into()],
-        )?;
-        Ok(())
-    }
-
     /// Parks an event for the pending window.
     pub(crate) fn park_event(&self, event_id: &str, now_ms: i64) -> Result<(), EngineError> {
-        self.exec(
-            "UPDATE events SET state = 'pending_assignment', pending_until = ?, lease_until = NULL, next_try_at = NULL, updated_at = ? WHERE event_id = ?",
-            &[
-                Value::Int(now_ms + self.config.timing.pending_window_ms),
-                Value::Int(now_ms),
-                event_id.into(),
-            ],
-        )?;
-        Ok(())
+        self.q().park_event(
+            event_id,
+            now_ms + self.config.timing.pending_window_ms,
+            now_ms,
+        )
     }
 
-    /// Starts a forward attempt of `event` to the session's owner at the
-    /// session's epoch, with a lease of the forward budget plus grace.
+    /// Starts a forward attempt of a stored `event` to the session's owner at
+    /// the session's epoch, with a lease of the forward budget plus grace.
     pub(crate) fn start_attempt(
         &self,
         event: &EventRow,
+        payload: Payload,
         session: &SessionRow,
         now_ms: i64,
     ) -> Result<Forward, EngineError> {
@@ -392,19 +299,13 @@ impl<S: Store> Engine<S> {
             return Err(EngineError::Corrupt("attempt on an unowned session".into()));
         };
         let attempt = event.attempts + 1;
-        let lease_until =
-            now_ms + self.config.forward_timeout_ms + self.config.timing.lease_grace_ms;
-        self.exec(
-            "UPDATE events SET state = 'forwarding', node = ?, epoch = ?, attempts = ?, lease_until = ?, next_try_at = ?, pending_until = NULL, updated_at = ? WHERE event_id = ?",
-            &[
-                node.as_str().into(),
-                epoch.into(),
-                Value::Int(i64::from(attempt)),
-                Value::Int(lease_until),
-                Value::Int(lease_until),
-                Value::Int(now_ms),
-                event.event_id.as_str().into(),
-            ],
+        self.q().start_attempt(
+            &event.event_id,
+            node,
+            epoch,
+            attempt,
+            self.lease_until(now_ms),
+            now_ms,
         )?;
         Ok(Forward {
             event_id: event.event_id.clone(),
@@ -414,8 +315,8 @@ impl<S: Store> Engine<S> {
             origin_url: origin.clone(),
             epoch,
             attempt,
-            body: event.body.clone(),
-            headers: event.headers.clone(),
+            body: payload.body,
+            headers: payload.headers,
         })
     }
 }

@@ -16,36 +16,62 @@
 //! Every method that changes state reads, checks its preconditions and writes
 //! inside one [`Store::atomically`] unit with nothing awaited in between, so a
 //! transition's guard (epoch, fence, ended) and its write can never be split.
+//! Node operations take the [`Caller`] (node and key id) and refuse a key
+//! that is no longer in the current registry (`unknown_node_key`).
 //!
 //! Forwards are not performed here: a method that wants an event delivered
 //! returns a [`Forward`]; the caller sends it and reports the origin's answer
-//! with [`Engine::handle_report`], bound to the epoch and attempt it carried.
+//! with [`Engine::handle_report`], bound to the epoch, attempt and hop it
+//! carried. Whether a reassigned event is forwarded again at once is
+//! [`may_reforward`]. After every state change the caller asks
+//! [`Engine::next_alarm_at`] when its alarm is next due (sans-IO, as str0m's
+//! "drain `poll_output` after every input"): it is one indexed read after a
+//! change and free otherwise.
+//!
+//! # Layout
+//!
+//! - `ownership`: a session's ownership states as types and their
+//!   guarded transitions (assign, reassign, release, fence, end), and
+//!   `Engine::place`, the one assignment path;
+//! - `queries`: every SQL statement, one named function each;
+//! - `rows`: sessions, legs and events as read back;
+//! - `ingress`, `reports`, `fencing`, `alarm`, `nodes`, `documents`: the
+//!   `handle_*` methods, `poll_alarm`, heartbeats and documents;
+//! - `routing`: resolution, selection and the decision record;
+//! - `requests`, `views`: request bodies and the read-only views.
 
 mod alarm;
 mod documents;
 mod fencing;
 mod ingress;
 mod nodes;
+pub(crate) mod ownership;
+pub(crate) mod queries;
 mod reports;
 mod requests;
 mod routing;
-mod rows;
+pub(crate) mod rows;
 mod views;
 
 pub use alarm::AlarmWork;
 pub use documents::DocError;
 pub use fencing::{ClaimReply, FenceGrant, FenceRefusal, FenceReply, MediaRefusal, MediaReply};
 pub use ingress::{Delivered, Ingress, PendingReason};
-pub use nodes::{HeartbeatRefusal, NodeKey};
-pub use reports::{Report, ReportEffect, ReportedAnswer, MIN_REFORWARD_BUDGET_MS};
+pub use nodes::{Caller, HeartbeatRefusal, NodeKey};
+pub use reports::{
+    may_reforward, Report, ReportEffect, ReportedAnswer, MAX_HOPS, MIN_REFORWARD_BUDGET_MS,
+};
 pub use requests::{BadRequest, ClaimRequest, FenceRequest, MediaVerifyRequest, PreviewRequest};
 
 use crate::document::DocKind;
+use crate::eligibility::Beat;
 use crate::policy::RoutingPolicy;
 use crate::registry::NodeRegistry;
-use crate::store::{Store, StoreError, Value};
+use crate::store::{Store, StoreError};
+use queries::{AlarmFacts, Queries};
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 /// Timing of the Dispatcher's background work. The defaults are the
@@ -171,10 +197,15 @@ pub struct Forward {
 /// A document with its revision, cached by revision.
 type Cached<T> = Option<(u64, Rc<T>)>;
 
+/// What the engine keeps in memory: documents by revision, each node's last
+/// accepted beat (parsed), and the alarm's facts as of the last write. All
+/// of it is rebuilt from SQL on demand; a failed unit drops all of it.
 #[derive(Default)]
 struct Cache {
     nodes: Option<Cached<NodeRegistry>>,
     policy: Option<Cached<RoutingPolicy>>,
+    beats: HashMap<String, Option<Rc<Beat>>>,
+    alarm: Option<AlarmFacts>,
 }
 
 /// The Dispatcher: see the module documentation.
@@ -194,7 +225,8 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// The storage backend (for tests and the simulation's checker).
+    /// The storage backend (for tests and the simulation's checker). Writes
+    /// through it bypass the engine's caches.
     pub fn store(&self) -> &S {
         &self.store
     }
@@ -210,43 +242,22 @@ impl<S: Store> Engine<S> {
         &self.config
     }
 
-    fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<crate::store::Row>, EngineError> {
-        Ok(self.store.exec(sql, params)?)
+    fn q(&self) -> Queries<'_, S> {
+        Queries::new(&self.store)
     }
 
-    /// The integer in the first column of the first row, if any (counts,
-    /// minima, existence checks).
-    fn scalar(&self, sql: &str, params: &[Value]) -> Result<Option<i64>, EngineError> {
-        Ok(self
-            .exec(sql, params)?
-            .first()
-            .and_then(|r| r.first())
-            .and_then(Value::as_int))
-    }
-
-    /// Reads a named counter (0 when absent).
-    fn counter(&self, name: &str) -> Result<i64, EngineError> {
-        Ok(self
-            .scalar("SELECT value FROM counters WHERE name = ?", &[name.into()])?
-            .unwrap_or(0))
-    }
-
-    fn set_counter(&self, name: &str, value: i64) -> Result<(), EngineError> {
-        self.exec(
-            "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-            &[name.into(), Value::Int(value)],
-        )?;
-        Ok(())
-    }
-
-    /// Increments a counter and returns the new value, refusing to pass 2^53.
-    fn next_counter(&self, name: &str) -> Result<u64, EngineError> {
-        let next = self.counter(name)? + 1;
-        if next as u64 > crate::MAX_SAFE_INTEGER {
-            return Err(EngineError::Corrupt(format!("counter {name} exhausted")));
+    /// Runs one state-changing unit atomically. Whatever its outcome, the
+    /// alarm's cached facts are stale; when it fails (and the store rolled
+    /// it back) every cache is dropped, since it may hold what the unit read
+    /// or wrote.
+    fn unit<T, E: From<StoreError>>(&self, work: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let result = self.store.atomically(work);
+        let mut cache = self.cache.borrow_mut();
+        cache.alarm = None;
+        if result.is_err() {
+            *cache = Cache::default();
         }
-        self.set_counter(name, next)?;
-        Ok(next as u64)
+        result
     }
 
     /// The current node registry, if one was ever written.

@@ -1,16 +1,31 @@
-//! Nodes as the Dispatcher sees them: accepted heartbeats, forward health,
-//! open-call counts, and the facts eligibility is decided on.
+//! Nodes as the Dispatcher sees them: who is calling (node and key id,
+//! checked against the current registry), accepted heartbeats, forward
+//! health, open-call counts, and the facts eligibility is decided on.
 
-use super::rows::OPEN_STATES;
+use super::rows::SessionRow;
 use super::{Engine, EngineError};
 use crate::eligibility::{self, Beat, Candidacy, NodeFacts, Reason};
 use crate::encoding::sha256_hex;
 use crate::heartbeat;
-use crate::store::{Store, Value};
+use crate::store::Store;
 use crate::wire::{HeartbeatAnswer, RoutingView};
 use serde::Serialize;
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
+use std::rc::Rc;
+
+/// The node a node-signed request comes from, and the key id it was signed
+/// with (`Callfence-Node`, `Callfence-Key-Id`), already verified by the
+/// Worker against its key cache. Every node operation re-checks the pair
+/// against the current registry in its own unit: the cache may lag a
+/// registry change, and a removed key is refused (`unknown_node_key`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller<'a> {
+    /// The node id.
+    pub node: &'a str,
+    /// The key id.
+    pub kid: &'a str,
+}
 
 /// Why a heartbeat was refused; nothing is stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +58,12 @@ impl From<EngineError> for HeartbeatRefusal {
     }
 }
 
+impl From<crate::store::StoreError> for HeartbeatRefusal {
+    fn from(e: crate::store::StoreError) -> Self {
+        HeartbeatRefusal::Engine(e.into())
+    }
+}
+
 /// One public key of one node, for the Worker's signature cache.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct NodeKey {
@@ -57,7 +78,7 @@ pub struct NodeKey {
 /// Per-node state the engine keeps besides the registry.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct NodeState {
-    pub beat: Option<Beat>,
+    pub beat: Option<Rc<Beat>>,
     pub open_calls: u32,
     pub last_failure_at_ms: Option<i64>,
     pub last_delivery_at_ms: Option<i64>,
@@ -70,7 +91,7 @@ impl NodeState {
     ) -> NodeFacts<'a> {
         NodeFacts {
             entry,
-            beat: self.beat.as_ref(),
+            beat: self.beat.as_deref(),
             open_calls: self.open_calls,
             last_failure_at_ms: self.last_failure_at_ms,
             last_delivery_at_ms: self.last_delivery_at_ms,
@@ -98,136 +119,132 @@ impl<S: Store> Engine<S> {
         Ok((revision, keys))
     }
 
+    /// True when `caller`'s node and key id are in the current registry.
+    pub fn key_in_force(&self, caller: Caller<'_>) -> Result<bool, EngineError> {
+        Ok(self.registry()?.is_some_and(|(_, registry)| {
+            registry
+                .nodes
+                .get(caller.node)
+                .is_some_and(|e| e.keys.contains_key(caller.kid))
+        }))
+    }
+
     /// `POST /v1/nodes/heartbeat`, after the Worker verified the node
-    /// signature. `signed_at_s` is the `Callfence-Timestamp`.
+    /// signature. `signed_at_s` is the `Callfence-Timestamp`. One unit: the
+    /// replay and seq checks and the write cannot be split.
     pub fn handle_heartbeat(
         &self,
-        node: &str,
+        caller: Caller<'_>,
         signed_at_s: i64,
         body: &[u8],
         now_ms: i64,
     ) -> Result<Json, HeartbeatRefusal> {
-        let Some((_, registry)) = self.registry()? else {
-            return Err(HeartbeatRefusal::UnknownNode);
-        };
-        let Some(entry) = registry.nodes.get(node) else {
-            return Err(HeartbeatRefusal::UnknownNode);
-        };
-        let digest = sha256_hex(body);
-        let last = self.exec(
-            "SELECT seq, body_sha256, answer FROM heartbeats WHERE node = ?",
-            &[node.into()],
-        )?;
-        let last = last.first();
-        if let Some(row) = last {
-            if row.get(1).and_then(Value::as_text) == Some(digest.as_str()) {
-                let answer = row.get(2).and_then(Value::as_text).unwrap_or("{}");
-                return serde_json::from_str(answer)
-                    .map_err(|_| EngineError::Corrupt("stored heartbeat answer".into()).into());
+        let node = caller.node;
+        let (answer, stored) = self.unit(|| {
+            if !self.key_in_force(caller)? {
+                return Err(HeartbeatRefusal::UnknownNode);
             }
+            let Some((_, registry)) = self.registry()? else {
+                return Err(HeartbeatRefusal::UnknownNode);
+            };
+            let entry = registry
+                .nodes
+                .get(node)
+                .ok_or(HeartbeatRefusal::UnknownNode)?;
+            let digest = sha256_hex(body);
+            let last = self.q().last_beat(node)?;
+            if let Some(last) = &last {
+                if last.body_sha256 == digest {
+                    let answer = serde_json::from_str(&last.answer)
+                        .map_err(|_| EngineError::Corrupt("stored heartbeat answer".into()))?;
+                    return Ok((answer, None));
+                }
+            }
+            let beat = heartbeat::parse(body, node)
+                .map_err(|e| HeartbeatRefusal::Invalid(e.to_string()))?;
+            if beat.seq as i64 <= last.map_or(0, |l| l.seq) {
+                return Err(HeartbeatRefusal::StaleSeq);
+            }
+            let signed_at_ms = signed_at_s.saturating_mul(1000);
+            let stored = Rc::new(Beat {
+                heartbeat: beat,
+                received_at_ms: now_ms,
+                signed_at_ms,
+            });
+            let mut state = self.node_state(node, None)?;
+            state.beat = Some(stored.clone());
+            let reasons =
+                eligibility::check(&state.facts(Some(entry)), Candidacy::General, None, now_ms);
+            let lines = self
+                .policy()?
+                .map(|(_, p)| p.routing_lines())
+                .unwrap_or_default();
+            let answer = serde_json::to_value(HeartbeatAnswer::new(
+                &reasons,
+                now_ms,
+                RoutingView::of(lines),
+            ))
+            .map_err(|_| EngineError::Corrupt("heartbeat answer".into()))?;
+            self.q().store_beat(
+                node,
+                stored.heartbeat.seq,
+                &String::from_utf8_lossy(body),
+                &digest,
+                now_ms,
+                signed_at_ms,
+                &answer.to_string(),
+            )?;
+            Ok((answer, Some(stored)))
+        })?;
+        if let Some(beat) = stored {
+            // Committed: the parsed beat replaces the cached one.
+            self.cache
+                .borrow_mut()
+                .beats
+                .insert(node.to_owned(), Some(beat));
         }
-        let beat =
-            heartbeat::parse(body, node).map_err(|e| HeartbeatRefusal::Invalid(e.to_string()))?;
-        let last_seq = last
-            .and_then(|r| r.first())
-            .and_then(Value::as_int)
-            .unwrap_or(0);
-        if beat.seq as i64 <= last_seq {
-            return Err(HeartbeatRefusal::StaleSeq);
-        }
-        let signed_at_ms = signed_at_s.saturating_mul(1000);
-        let stored = Beat {
-            heartbeat: beat,
-            received_at_ms: now_ms,
-            signed_at_ms,
-        };
-        let mut state = self.node_state(node, None)?;
-        state.beat = Some(stored.clone());
-        let reasons =
-            eligibility::check(&state.facts(Some(entry)), Candidacy::General, None, now_ms);
-        let lines = self
-            .policy()?
-            .map(|(_, p)| p.routing_lines())
-            .unwrap_or_default();
-        let answer = serde_json::to_value(HeartbeatAnswer::new(
-            &reasons,
-            now_ms,
-            RoutingView::of(lines),
-        ))
-        .map_err(|_| EngineError::Corrupt("heartbeat answer".into()))?;
-        let body_text = String::from_utf8_lossy(body).into_owned();
-        self.exec(
-            "INSERT INTO heartbeats (node, seq, body, body_sha256, received_at, signed_at, answer) VALUES (?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, body = excluded.body, body_sha256 = excluded.body_sha256, \
-             received_at = excluded.received_at, signed_at = excluded.signed_at, answer = excluded.answer",
-            &[
-                node.into(),
-                stored.heartbeat.seq.into(),
-                body_text.into(),
-                digest.into(),
-                Value::Int(now_ms),
-                Value::Int(signed_at_ms),
-                answer.to_string().into(),
-            ],
-        )?;
         Ok(answer)
     }
 
-    /// The last accepted beat of a node.
-    pub(crate) fn beat(&self, node: &str) -> Result<Option<Beat>, EngineError> {
-        let rows = self.exec(
-            "SELECT body, received_at, signed_at FROM heartbeats WHERE node = ?",
-            &[node.into()],
-        )?;
-        let Some(row) = rows.first() else {
-            return Ok(None);
+    /// The last accepted beat of a node (cached, parsed once per beat).
+    pub(crate) fn beat(&self, node: &str) -> Result<Option<Rc<Beat>>, EngineError> {
+        if let Some(cached) = self.cache.borrow().beats.get(node) {
+            return Ok(cached.clone());
+        }
+        let beat = match self.q().beat(node)? {
+            None => None,
+            Some((body, received_at_ms, signed_at_ms)) => {
+                let heartbeat = heartbeat::parse(body.as_bytes(), node)
+                    .map_err(|_| EngineError::Corrupt("stored heartbeat".into()))?;
+                Some(Rc::new(Beat {
+                    heartbeat,
+                    received_at_ms,
+                    signed_at_ms,
+                }))
+            }
         };
-        let body = row.first().and_then(Value::as_text).unwrap_or_default();
-        let heartbeat = heartbeat::parse(body.as_bytes(), node)
-            .map_err(|_| EngineError::Corrupt("stored heartbeat".into()))?;
-        Ok(Some(Beat {
-            heartbeat,
-            received_at_ms: row.get(1).and_then(Value::as_int).unwrap_or(0),
-            signed_at_ms: row.get(2).and_then(Value::as_int).unwrap_or(0),
-        }))
+        self.cache
+            .borrow_mut()
+            .beats
+            .insert(node.to_owned(), beat.clone());
+        Ok(beat)
     }
 
-    /// Open calls assigned to `node`, not counting `except` (the call being
-    /// decided). The count reads the `(owner, state)` index only.
-    pub(crate) fn open_calls(&self, node: &str, except: Option<&str>) -> Result<u32, EngineError> {
-        let one = |sql: &str, params: &[Value]| {
-            Ok::<_, EngineError>(self.scalar(sql, params)?.unwrap_or(0))
-        };
-        let all = one(
-            &format!("SELECT COUNT(*) FROM sessions WHERE owner = ? AND state IN {OPEN_STATES}"),
-            &[node.into()],
-        )?;
-        let own = match except {
-            Some(id) => one(
-                &format!("SELECT COUNT(*) FROM sessions WHERE call_session_id = ? AND owner = ? AND state IN {OPEN_STATES}"),
-                &[id.into(), node.into()],
-            )?,
-            None => 0,
-        };
-        Ok((all - own).max(0) as u32)
-    }
-
-    /// Everything eligibility needs about a node, except the registry entry.
+    /// Everything eligibility needs about a node, except the registry
+    /// entry: its beat, forward health and open calls (a maintained count,
+    /// one indexed read), not counting `except`, the call being decided.
     pub(crate) fn node_state(
         &self,
         node: &str,
-        except: Option<&str>,
+        except: Option<&SessionRow>,
     ) -> Result<NodeState, EngineError> {
-        let health = self.exec(
-            "SELECT last_failure_at, last_delivery_at FROM node_health WHERE node = ?",
-            &[node.into()],
-        )?;
-        let health = health.first();
+        let row = self.q().node(node)?;
+        let own = i64::from(except.is_some_and(|s| s.loads(node)));
         Ok(NodeState {
             beat: self.beat(node)?,
-            open_calls: self.open_calls(node, except)?,
-            last_failure_at_ms: health.and_then(|r| r.first()).and_then(Value::as_int),
-            last_delivery_at_ms: health.and_then(|r| r.get(1)).and_then(Value::as_int),
+            open_calls: (row.open_calls - own).max(0) as u32,
+            last_failure_at_ms: row.last_failure_at_ms,
+            last_delivery_at_ms: row.last_delivery_at_ms,
         })
     }
 
@@ -241,26 +258,6 @@ impl<S: Store> Engine<S> {
             .keys()
             .map(|n| Ok((n.clone(), self.node_state(n, None)?)))
             .collect()
-    }
-
-    /// Records a forward failure (`recent_forward_failure` for 30 s).
-    pub(crate) fn mark_failure(&self, node: &str, now_ms: i64) -> Result<(), EngineError> {
-        self.exec(
-            "INSERT INTO node_health (node, last_failure_at) VALUES (?, ?) \
-             ON CONFLICT (node) DO UPDATE SET last_failure_at = excluded.last_failure_at",
-            &[node.into(), Value::Int(now_ms)],
-        )?;
-        Ok(())
-    }
-
-    /// Records a delivery, which clears `recent_forward_failure`.
-    pub(crate) fn mark_delivery(&self, node: &str, now_ms: i64) -> Result<(), EngineError> {
-        self.exec(
-            "INSERT INTO node_health (node, last_delivery_at) VALUES (?, ?) \
-             ON CONFLICT (node) DO UPDATE SET last_delivery_at = excluded.last_delivery_at",
-            &[node.into(), Value::Int(now_ms)],
-        )?;
-        Ok(())
     }
 
     /// The general (call-independent) reasons a node is ineligible now.

@@ -2,16 +2,32 @@
 //! the epoch and attempt it was sent under (SPEC §7.6–7.7).
 
 use super::ingress::{delivered, Delivered, PendingReason};
-use super::routing::DecisionSubject;
-use super::rows::{event_state as st, EventRow, SessionRow};
+use super::ownership::{Owned, Ownership, Placeable, Placed};
+use super::rows::{event_state as st, EventRow};
 use super::{Engine, EngineError, Forward};
-use crate::decision::DecisionOutcome;
 use crate::outcome::{classify, truncate_body, OriginAnswer, OutcomeClass};
-use crate::store::{Store, Value};
+use crate::store::Store;
 use serde::{Deserialize, Serialize};
 
 /// The least forward budget worth an immediate send to a new owner.
 pub const MIN_REFORWARD_BUDGET_MS: i64 = 250;
+/// At most this many forwards for one webhook: the first owner, then new
+/// owners after definite non-deliveries. Beyond it the alarm delivers.
+pub const MAX_HOPS: u32 = 3;
+
+/// The re-forward rule: after `hops` forwards of one webhook (the one just
+/// reported included), a reassigned event is sent to its new owner at once
+/// only while a hop is left and the carrier's remaining budget is worth it;
+/// otherwise the carrier is answered 503 `reassigned` and the alarm
+/// delivers. The engine applies it in [`Engine::handle_report`]; the Worker
+/// bounds its forward loop by [`MAX_HOPS`].
+pub fn may_reforward(hops: u32, budget_left_ms: i64) -> bool {
+    hops < MAX_HOPS && budget_left_ms >= MIN_REFORWARD_BUDGET_MS
+}
+
+fn first_hop() -> u32 {
+    1
+}
 
 /// One attempt's outcome, as the Worker (or the alarm) reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,6 +43,12 @@ pub struct Report {
     /// Milliseconds of the carrier's budget still available for an immediate
     /// forward to a new owner (0 from the alarm).
     pub budget_left_ms: i64,
+    /// Forwards of this webhook so far, the reported one included (1 for
+    /// the first forward and for the alarm's).
+    /// (Absent from a version 1 Worker's report, which bounds its own hops:
+    /// then 1.)
+    #[serde(default = "first_hop")]
+    pub hop: u32,
 }
 
 /// [`OriginAnswer`] in its wire form.
@@ -84,17 +106,14 @@ impl<S: Store> Engine<S> {
     /// current epoch changes anything; only the latest attempt's non-delivery
     /// counts.
     pub fn handle_report(&self, report: &Report, now_ms: i64) -> Result<ReportEffect, EngineError> {
-        self.store.atomically(|| {
-            let Some(event) = self.load_event(&report.event_id)? else {
+        self.unit(|| {
+            let q = self.q();
+            let Some((event, session)) = q.event_with_session(&report.event_id)? else {
                 return Ok(ReportEffect::Unknown);
             };
             if event.state == st::DELIVERED {
                 return Ok(ReportEffect::Delivered(delivered(&event)));
             }
-            let session = match event.call_session_id.as_deref() {
-                Some(id) => self.load_session(id)?,
-                None => None,
-            };
             let Some(session) = session else {
                 return Ok(ReportEffect::Unknown);
             };
@@ -106,124 +125,107 @@ impl<S: Store> Engine<S> {
             let class = classify(&answer);
             if class.is_delivered() {
                 let (status, body) = match &answer {
-                    OriginAnswer::Http { status, body } => (Some(i64::from(*status)), Some(truncate_body(body))),
+                    OriginAnswer::Http { status, body } => {
+                        (Some(i64::from(*status)), Some(truncate_body(body)))
+                    }
                     _ => (None, None),
                 };
-                self.exec(
-                    "UPDATE events SET state = 'delivered', result_status = ?, result_body = ?, lease_until = NULL, next_try_at = NULL, updated_at = ? WHERE event_id = ?",
-                    &[status.into(), body.into(), Value::Int(now_ms), event.event_id.as_str().into()],
-                )?;
-                self.mark_delivery(&node, now_ms)?;
-                let event = self.load_event(&event.event_id)?.unwrap_or(event);
-                return Ok(ReportEffect::Delivered(delivered(&event)));
+                q.mark_delivered(&event.event_id, status, body, now_ms)?;
+                q.mark_delivery(&node, now_ms)?;
+                return Ok(ReportEffect::Delivered(Delivered {
+                    delivered_to: node,
+                    epoch: report.epoch,
+                    event_id: event.event_id,
+                }));
             }
             if report.attempt != event.attempts || event.state != st::FORWARDING {
                 // An older attempt, or one already settled: the newer state stands.
                 return Ok(ReportEffect::Unknown);
             }
-            self.mark_failure(&node, now_ms)?;
-            if class == OutcomeClass::NotDelivered && self.can_move(&session, &event)? {
-                return self.reassign(&session, &event, report.budget_left_ms, now_ms);
+            q.mark_failure(&node, now_ms)?;
+            let session = Ownership::of(session);
+            if class == OutcomeClass::NotDelivered {
+                if let Ownership::Owned(owned) = session {
+                    if self.can_move(&owned, &event)? {
+                        return self.reassign(owned, &event, report, now_ms);
+                    }
+                    self.mark_unknown(&event, Some(owned), now_ms)?;
+                    return Ok(ReportEffect::Unknown);
+                }
             }
-            self.mark_unknown(&event, now_ms)?;
+            let owned = match session {
+                Ownership::Owned(owned) => Some(owned),
+                _ => None,
+            };
+            self.mark_unknown(&event, owned, now_ms)?;
             Ok(ReportEffect::Unknown)
         })
     }
 
-    /// A session may move only before any fence, for an inbound session, when
-    /// no outcome at the current epoch was ever ambiguous, and when no other
-    /// attempt under it is in flight.
-    fn can_move(&self, session: &SessionRow, event: &EventRow) -> Result<bool, EngineError> {
-        if session.fence.is_some()
-            || session.is_outgoing()
-            || session.ambiguous_epoch == session.epoch
-        {
+    /// An owned (so unfenced) session may move only when it is inbound, no
+    /// outcome at its current epoch was ever ambiguous, and no other attempt
+    /// under it is in flight.
+    fn can_move(&self, session: &Owned, event: &EventRow) -> Result<bool, EngineError> {
+        if !session.may_move() {
             return Ok(false);
         }
-        let ambiguous = self
-            .session_events(&session.id, &[st::UNKNOWN, st::FORWARDING])?
-            .into_iter()
-            .any(|e| e.event_id != event.event_id && e.epoch == session.epoch);
-        Ok(!ambiguous)
+        let row = session.row();
+        Ok(!self
+            .q()
+            .other_attempt_in_doubt(&row.id, row.epoch, &event.event_id)?)
     }
 
     /// Marks an event's outcome unknown and schedules the alarm's next
-    /// re-drive (after the lease, then 1, 2, 4, 8 s).
-    pub(crate) fn mark_unknown(&self, event: &EventRow, now_ms: i64) -> Result<(), EngineError> {
+    /// re-drive (after the lease, then 1, 2, 4, 8 s); the owned session (a
+    /// fenced one never moves anyway) never moves at this epoch.
+    pub(crate) fn mark_unknown(
+        &self,
+        event: &EventRow,
+        session: Option<Owned>,
+        now_ms: i64,
+    ) -> Result<(), EngineError> {
         let backoff = &self.config.timing.redrive_backoff_ms;
         let next = backoff
             .get(event.redrives as usize)
             .map(|delay| event.lease_until_ms.unwrap_or(now_ms).max(now_ms) + delay);
-        self.exec(
-            "UPDATE events SET state = 'unknown', next_try_at = ?, updated_at = ? WHERE event_id = ?",
-            &[next.into(), Value::Int(now_ms), event.event_id.as_str().into()],
-        )?;
-        self.exec(
-            "UPDATE sessions SET ambiguous_epoch = ? WHERE call_session_id = ?",
-            &[event.epoch.into(), event.call_session_id.as_deref().into()],
-        )?;
+        let q = self.q();
+        q.mark_event_unknown(&event.event_id, next, now_ms)?;
+        if let Some(owned) = session.filter(|o| Some(o.epoch()) == event.epoch) {
+            owned.doubt(&q)?;
+        }
         Ok(())
     }
 
     /// Moves a session whose owner definitely did not take `event` to the next
-    /// eligible node with a new epoch, or parks it when there is none.
+    /// eligible node with a new epoch, or parks it when there is none; the
+    /// event goes to the new owner at once when [`may_reforward`] allows.
     fn reassign(
         &self,
-        session: &SessionRow,
+        session: Owned,
         event: &EventRow,
-        budget_left_ms: i64,
+        report: &Report,
         now_ms: i64,
     ) -> Result<ReportEffect, EngineError> {
-        let subject = DecisionSubject {
-            session: Some(&session.id),
-            event: Some(&event.event_id),
-        };
-        let routed = self.route_session(session, now_ms)?;
-        let chosen = routed.as_ref().and_then(|r| r.target());
-        let Some((node, origin)) = chosen else {
-            self.exec(
-                "UPDATE sessions SET state = 'pending_assignment', owner = NULL, origin_url = NULL, updated_at = ? WHERE call_session_id = ?",
-                &[Value::Int(now_ms), session.id.as_str().into()],
-            )?;
-            for e in self.session_events(&session.id, &[st::FORWARDING, st::UNKNOWN, st::QUEUED])? {
-                self.park_event(&e.event_id, now_ms)?;
-            }
-            self.record_decision(
-                subject,
-                routed.as_ref(),
-                None,
-                None,
-                DecisionOutcome::Pending,
-                now_ms,
-            )?;
-            let reason = if routed.is_some() {
-                PendingReason::NoEligibleNode
-            } else {
-                PendingReason::NoPolicy
-            };
-            return Ok(ReportEffect::Parked(reason));
-        };
-        let epoch = self.next_epoch()?;
-        self.set_owner(&session.id, &node, epoch, &origin, now_ms)?;
-        self.record_decision(
-            subject,
-            routed.as_ref(),
-            None,
-            Some(epoch),
-            DecisionOutcome::Reassigned,
+        match self.place(
+            Placeable::Moving(session),
+            Some(&event.event_id),
+            true,
+            true,
             now_ms,
-        )?;
-        if budget_left_ms < MIN_REFORWARD_BUDGET_MS {
-            return Ok(ReportEffect::Reassigned(None));
+        )? {
+            Placed::Parked(reason) => Ok(ReportEffect::Parked(reason)),
+            Placed::Assigned(_) if !may_reforward(report.hop, report.budget_left_ms) => {
+                Ok(ReportEffect::Reassigned(None))
+            }
+            Placed::Assigned(owned) => {
+                let payload = self.q().payload(&event.event_id)?;
+                Ok(ReportEffect::Reassigned(Some(self.start_attempt(
+                    event,
+                    payload,
+                    owned.row(),
+                    now_ms,
+                )?)))
+            }
         }
-        let session = self
-            .load_session(&session.id)?
-            .ok_or_else(|| EngineError::Corrupt("session vanished".into()))?;
-        let event = self
-            .load_event(&event.event_id)?
-            .ok_or_else(|| EngineError::Corrupt("event vanished".into()))?;
-        Ok(ReportEffect::Reassigned(Some(
-            self.start_attempt(&event, &session, now_ms)?,
-        )))
     }
 }

@@ -2,6 +2,7 @@
 //! its evidence. The same code serves live calls, reassignment, the alarm,
 //! the preview and the status view.
 
+use super::ownership::Target;
 use super::rows::SessionRow;
 use super::{Engine, EngineError};
 use crate::decision::{Decision, DecisionOutcome};
@@ -9,7 +10,7 @@ use crate::eligibility::{self, LineRef};
 use crate::policy::{Resolution, RoutingPolicy, Rule};
 use crate::registry::NodeRegistry;
 use crate::selection::{select, Selection};
-use crate::store::{Store, Value};
+use crate::store::Store;
 use crate::time::format_ms;
 use std::collections::BTreeMap;
 
@@ -28,11 +29,13 @@ pub(crate) struct Routed {
 
 impl Routed {
     /// The chosen node and the origin URL it is assigned with, if any.
-    pub(crate) fn target(&self) -> Option<(String, String)> {
-        self.selection
+    pub(crate) fn target(&self) -> Option<Target> {
+        let (node, origin) = self
+            .selection
             .chosen
             .clone()
-            .zip(self.chosen_origin.clone())
+            .zip(self.chosen_origin.clone())?;
+        Some(Target { node, origin })
     }
 }
 
@@ -51,7 +54,7 @@ impl<S: Store> Engine<S> {
         &self,
         caller: Option<&str>,
         called: Option<&str>,
-        except: Option<&str>,
+        except: Option<&SessionRow>,
         now_ms: i64,
     ) -> Result<Option<Routed>, EngineError> {
         let (Some((policy_revision, policy)), Some((nodes_revision, registry))) =
@@ -78,7 +81,7 @@ impl<S: Store> Engine<S> {
         (nodes_revision, registry): (u64, &NodeRegistry),
         caller: Option<&str>,
         called: Option<&str>,
-        except: Option<&str>,
+        except: Option<&SessionRow>,
         now_ms: i64,
     ) -> Result<Routed, EngineError> {
         let resolution = policy.resolve(caller, called, now_ms);
@@ -102,7 +105,7 @@ impl<S: Store> Engine<S> {
                     now_ms,
                 );
                 if reasons.is_empty() {
-                    chosen_beat = state.beat;
+                    chosen_beat = state.beat.clone();
                 }
                 Ok::<_, EngineError>(reasons)
             },
@@ -114,7 +117,7 @@ impl<S: Store> Engine<S> {
                 .and_then(|n| registry.nodes.get(n))
                 .map(|e| e.origin_url.clone()),
             chosen_clean: chosen_beat.as_ref().map(|b| !b.heartbeat.dirty),
-            chosen_sha: chosen_beat.map(|b| b.heartbeat.sha),
+            chosen_sha: chosen_beat.map(|b| b.heartbeat.sha.clone()),
             resolution,
             selection,
             policy_revision,
@@ -132,15 +135,18 @@ impl<S: Store> Engine<S> {
         self.route(
             session.caller.as_deref(),
             session.called.as_deref(),
-            Some(&session.id),
+            Some(session),
             now_ms,
         )
     }
 
     /// Stores a decision built from a routing answer (or from a claim when
-    /// `routed` is `None`) and returns its id.
+    /// `routed` is `None`) under `id` (drawn now when `None`) and returns
+    /// its id.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_decision(
         &self,
+        id: Option<u64>,
         subject: DecisionSubject<'_>,
         routed: Option<&Routed>,
         claim_node: Option<&str>,
@@ -148,7 +154,10 @@ impl<S: Store> Engine<S> {
         outcome: DecisionOutcome,
         now_ms: i64,
     ) -> Result<u64, EngineError> {
-        let decision_id = self.next_counter("decision")?;
+        let decision_id = match id {
+            Some(id) => id,
+            None => self.q().counters(&["decision"], &[])?[0],
+        };
         let (claim_sha, claim_clean) = match claim_node {
             Some(node) => {
                 let beat = self.beat(node)?;
@@ -201,21 +210,19 @@ impl<S: Store> Engine<S> {
         };
         let body =
             serde_json::to_string(&decision).map_err(|e| EngineError::Corrupt(e.to_string()))?;
-        self.exec(
-            "INSERT INTO decisions (decision_id, at, call_session_id, event_id, body) VALUES (?, ?, ?, ?, ?)",
-            &[
-                decision_id.into(),
-                Value::Int(now_ms),
-                subject.session.into(),
-                subject.event.into(),
-                body.into(),
-            ],
-        )?;
+        self.q()
+            .insert_decision(decision_id, now_ms, subject.session, subject.event, &body)?;
         Ok(decision_id)
     }
 
-    /// Issues the next epoch of the one global counter.
-    pub(crate) fn next_epoch(&self) -> Result<u64, EngineError> {
-        self.next_counter("epoch")
+    /// Records a decision that gave nobody the call (`pending`, `rejected`).
+    pub(crate) fn record_unassigned(
+        &self,
+        subject: DecisionSubject<'_>,
+        routed: Option<&Routed>,
+        outcome: DecisionOutcome,
+        now_ms: i64,
+    ) -> Result<u64, EngineError> {
+        self.record_decision(None, subject, routed, None, None, outcome, now_ms)
     }
 }

@@ -1,8 +1,9 @@
-//! Sessions, legs and ledger events as rows: reading them back from SQL and
-//! the small guarded writes every transition is built from.
+//! Sessions, legs and ledger events as the engine reads them back from SQL.
+//! The statements that read and write them are in [`super::queries`]; the
+//! transitions of a session's ownership are in [`super::ownership`].
 
-use super::{Engine, EngineError};
-use crate::store::{Row, Store, Value};
+use super::EngineError;
+use crate::store::{Row, Value};
 
 /// The states a session can be in. Unknown states written by a newer release
 /// are kept as text and treated as owned-and-open where that is safe.
@@ -41,10 +42,13 @@ impl SessionState {
             Self::Other(s) => s,
         }
     }
-}
 
-/// SQL list of the states that count toward the owner's capacity.
-pub(crate) const OPEN_STATES: &str = "('assigned', 'answered')";
+    /// Counts toward the owner's capacity (the SQL twin is
+    /// `open_states!` in [`super::queries`]).
+    pub(crate) fn is_open(&self) -> bool {
+        matches!(self, Self::Assigned | Self::Answered)
+    }
+}
 
 /// The fence of a session, once granted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +78,11 @@ impl SessionRow {
     pub(crate) fn is_outgoing(&self) -> bool {
         self.direction.as_deref() == Some("outgoing")
     }
+
+    /// True when this session counts toward `node`'s open calls.
+    pub(crate) fn loads(&self, node: &str) -> bool {
+        self.state.is_open() && self.owner.as_deref() == Some(node)
+    }
 }
 
 /// Event states in the ledger.
@@ -88,6 +97,14 @@ pub(crate) mod event_state {
     pub const REJECTED: &str = "rejected";
 }
 
+/// The stored raw body and Telnyx headers of an event: read only when the
+/// event is (re-)forwarded.
+#[derive(Debug, Clone)]
+pub(crate) struct Payload {
+    pub body: String,
+    pub headers: Vec<(String, String)>,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct EventRow {
     pub event_id: String,
@@ -95,8 +112,6 @@ pub(crate) struct EventRow {
     pub call_control_id: Option<String>,
     pub event_type: String,
     pub state: String,
-    pub body: String,
-    pub headers: Vec<(String, String)>,
     pub received_at_ms: i64,
     pub epoch: Option<u64>,
     pub attempts: u32,
@@ -107,9 +122,10 @@ pub(crate) struct EventRow {
     pub pending_until_ms: Option<i64>,
 }
 
-pub(crate) const SESSION_COLUMNS: &str = "call_session_id, state, owner, epoch, origin_url, direction, caller, called, created_at, fence_node, fence_epoch, fence_at, command_id, ambiguous_epoch";
-
-pub(crate) const EVENT_COLUMNS: &str = "event_id, call_session_id, call_control_id, event_type, state, body, headers, received_at, epoch, attempts, lease_until, redrives, result_status, node, pending_until";
+/// The columns [`event_at`] reads, in order.
+pub(crate) const EVENT_COLUMNS: usize = 13;
+/// The columns [`session_at`] reads, in order.
+pub(crate) const SESSION_COLUMNS: usize = 14;
 
 fn text(row: &Row, i: usize) -> Option<String> {
     row.get(i).and_then(Value::as_text).map(str::to_owned)
@@ -123,8 +139,15 @@ fn corrupt(what: &str) -> EngineError {
     EngineError::Corrupt(what.to_owned())
 }
 
-pub(crate) fn session_from_row(row: &Row) -> Result<SessionRow, EngineError> {
-    let fence = match (text(row, 9), int(row, 10), int(row, 11), text(row, 12)) {
+/// A session from the columns of [`super::queries`]' session list,
+/// starting at column `at`.
+pub(crate) fn session_at(row: &Row, at: usize) -> Result<SessionRow, EngineError> {
+    let fence = match (
+        text(row, at + 9),
+        int(row, at + 10),
+        int(row, at + 11),
+        text(row, at + 12),
+    ) {
         (Some(node), Some(epoch), Some(at_ms), Some(command_id)) => Some(FenceRow {
             node,
             epoch: epoch as u64,
@@ -134,100 +157,47 @@ pub(crate) fn session_from_row(row: &Row) -> Result<SessionRow, EngineError> {
         _ => None,
     };
     Ok(SessionRow {
-        id: text(row, 0).ok_or_else(|| corrupt("session id"))?,
-        state: SessionState::parse(&text(row, 1).ok_or_else(|| corrupt("session state"))?),
-        owner: text(row, 2),
-        epoch: int(row, 3).map(|e| e as u64),
-        origin_url: text(row, 4),
-        direction: text(row, 5),
-        caller: text(row, 6),
-        called: text(row, 7),
-        created_at_ms: int(row, 8).unwrap_or(0),
+        id: text(row, at).ok_or_else(|| corrupt("session id"))?,
+        state: SessionState::parse(&text(row, at + 1).ok_or_else(|| corrupt("session state"))?),
+        owner: text(row, at + 2),
+        epoch: int(row, at + 3).map(|e| e as u64),
+        origin_url: text(row, at + 4),
+        direction: text(row, at + 5),
+        caller: text(row, at + 6),
+        called: text(row, at + 7),
+        created_at_ms: int(row, at + 8).unwrap_or(0),
         fence,
-        ambiguous_epoch: int(row, 13).map(|e| e as u64),
+        ambiguous_epoch: int(row, at + 13).map(|e| e as u64),
     })
 }
 
-pub(crate) fn event_from_row(row: &Row) -> Result<EventRow, EngineError> {
-    let headers = text(row, 6)
+/// An event from the columns of [`super::queries`]' event list, starting at
+/// column `at`.
+pub(crate) fn event_at(row: &Row, at: usize) -> Result<EventRow, EngineError> {
+    Ok(EventRow {
+        event_id: text(row, at).ok_or_else(|| corrupt("event id"))?,
+        call_session_id: text(row, at + 1),
+        call_control_id: text(row, at + 2),
+        event_type: text(row, at + 3).unwrap_or_default(),
+        state: text(row, at + 4).ok_or_else(|| corrupt("event state"))?,
+        received_at_ms: int(row, at + 5).unwrap_or(0),
+        epoch: int(row, at + 6).map(|e| e as u64),
+        attempts: int(row, at + 7).unwrap_or(0) as u32,
+        lease_until_ms: int(row, at + 8),
+        redrives: int(row, at + 9).unwrap_or(0) as u32,
+        result_status: int(row, at + 10).map(|s| s as u16),
+        node: text(row, at + 11),
+        pending_until_ms: int(row, at + 12),
+    })
+}
+
+/// A payload from two columns (body, headers JSON) starting at `at`.
+pub(crate) fn payload_at(row: &Row, at: usize) -> Result<Payload, EngineError> {
+    let headers = text(row, at + 1)
         .and_then(|h| serde_json::from_str::<Vec<(String, String)>>(&h).ok())
         .ok_or_else(|| corrupt("event headers"))?;
-    Ok(EventRow {
-        event_id: text(row, 0).ok_or_else(|| corrupt("event id"))?,
-        call_session_id: text(row, 1),
-        call_control_id: text(row, 2),
-        event_type: text(row, 3).unwrap_or_default(),
-        state: text(row, 4).ok_or_else(|| corrupt("event state"))?,
-        body: text(row, 5).ok_or_else(|| corrupt("event body"))?,
+    Ok(Payload {
+        body: text(row, at).ok_or_else(|| corrupt("event body"))?,
         headers,
-        received_at_ms: int(row, 7).unwrap_or(0),
-        epoch: int(row, 8).map(|e| e as u64),
-        attempts: int(row, 9).unwrap_or(0) as u32,
-        lease_until_ms: int(row, 10),
-        redrives: int(row, 11).unwrap_or(0) as u32,
-        result_status: int(row, 12).map(|s| s as u16),
-        node: text(row, 13),
-        pending_until_ms: int(row, 14),
     })
-}
-
-impl<S: Store> Engine<S> {
-    pub(crate) fn load_session(&self, id: &str) -> Result<Option<SessionRow>, EngineError> {
-        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE call_session_id = ?");
-        self.exec(&sql, &[id.into()])?
-            .first()
-            .map(session_from_row)
-            .transpose()
-    }
-
-    pub(crate) fn load_event(&self, id: &str) -> Result<Option<EventRow>, EngineError> {
-        let sql = format!("SELECT {EVENT_COLUMNS} FROM events WHERE event_id = ?");
-        self.exec(&sql, &[id.into()])?
-            .first()
-            .map(event_from_row)
-            .transpose()
-    }
-
-    /// The session a leg belongs to, if the leg was seen before.
-    pub(crate) fn session_of_leg(
-        &self,
-        call_control_id: &str,
-    ) -> Result<Option<String>, EngineError> {
-        let rows = self.exec(
-            "SELECT call_session_id FROM legs WHERE call_control_id = ?",
-            &[call_control_id.into()],
-        )?;
-        Ok(rows.first().and_then(|r| text(r, 0)))
-    }
-
-    /// Events of a session in one of `states`, oldest first.
-    pub(crate) fn session_events(
-        &self,
-        session: &str,
-        states: &[&str],
-    ) -> Result<Vec<EventRow>, EngineError> {
-        let placeholders = vec!["?"; states.len()].join(", ");
-        let sql = format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE call_session_id = ? AND state IN ({placeholders}) ORDER BY seq"
-        );
-        let mut params: Vec<Value> = vec![session.into()];
-        params.extend(states.iter().map(|s| Value::from(*s)));
-        self.exec(&sql, &params)?
-            .iter()
-            .map(event_from_row)
-            .collect()
-    }
-
-    pub(crate) fn set_event_state(
-        &self,
-        event_id: &str,
-        state: &str,
-        now_ms: i64,
-    ) -> Result<(), EngineError> {
-        self.exec(
-            "UPDATE events SET state = ?, updated_at = ? WHERE event_id = ?",
-            &[state.into(), Value::Int(now_ms), event_id.into()],
-        )?;
-        Ok(())
-    }
 }

@@ -1,12 +1,12 @@
 //! Read-only views: status (the panel contract), preview, decisions and a
 //! call's record (SPEC §9, §13). Nothing here writes.
 
-use super::rows::{event_from_row, OPEN_STATES};
+use super::rows::event_state as st;
 use super::{Engine, EngineError, PreviewRequest};
 use crate::eligibility::{effective_max_calls, Reason};
 use crate::heartbeat::routing_hash;
 use crate::number::normalise;
-use crate::store::{Store, Value};
+use crate::store::Store;
 use crate::time::format_ms;
 use serde_json::{json, Value as Json};
 use std::collections::BTreeMap;
@@ -82,17 +82,10 @@ impl<S: Store> Engine<S> {
         limit: Option<u32>,
         session: Option<&str>,
     ) -> Result<Json, EngineError> {
-        let limit = Value::Int(i64::from(clamp_limit(limit)));
-        let rows = match session {
-            Some(id) => self.exec(
-                "SELECT body FROM decisions WHERE call_session_id = ? ORDER BY decision_id DESC LIMIT ?",
-                &[id.into(), limit],
-            )?,
-            None => self.exec("SELECT body FROM decisions ORDER BY decision_id DESC LIMIT ?", &[limit])?,
-        };
-        let list: Vec<Json> = rows
+        let list: Vec<Json> = self
+            .q()
+            .decisions(clamp_limit(limit), session)?
             .iter()
-            .filter_map(|r| r.first().and_then(Value::as_text))
             .filter_map(|b| serde_json::from_str(b).ok())
             .collect();
         Ok(json!({ "decisions": list }))
@@ -100,28 +93,17 @@ impl<S: Store> Engine<S> {
 
     /// `GET /v1/calls/{id}`. `None` for an unknown call.
     pub fn call(&self, id: &str) -> Result<Option<Json>, EngineError> {
-        let Some(session) = self.load_session(id)? else {
+        let q = self.q();
+        let Some(session) = q.session(id)? else {
             return Ok(None);
         };
-        let legs = self.exec(
-            "SELECT call_control_id, state FROM legs WHERE call_session_id = ? ORDER BY updated_at",
-            &[id.into()],
-        )?;
-        let legs: Vec<Json> = legs
-            .iter()
-            .map(|r| json!({"call_control_id": r[0].as_text(), "state": r[1].as_text()}))
+        let legs: Vec<Json> = q
+            .legs_of(id)?
+            .into_iter()
+            .map(|(ccid, state)| json!({"call_control_id": ccid, "state": state}))
             .collect();
-        let events = self.exec(
-            &format!(
-                "SELECT {} FROM events WHERE call_session_id = ? ORDER BY seq DESC LIMIT 500",
-                super::rows::EVENT_COLUMNS
-            ),
-            &[id.into()],
-        )?;
-        let events: Vec<Json> = events
-            .iter()
-            .map(event_from_row)
-            .collect::<Result<Vec<_>, _>>()?
+        let events: Vec<Json> = q
+            .session_history(id)?
             .into_iter()
             .map(|e| {
                 json!({"event_id": e.event_id, "event_type": e.event_type, "state": e.state,
@@ -145,15 +127,12 @@ impl<S: Store> Engine<S> {
         })))
     }
 
-    fn count(&self, sql: &str) -> Result<i64, EngineError> {
-        Ok(self.scalar(sql, &[])?.unwrap_or(0))
-    }
-
     /// `GET /v1/status`: the panel contract.
     pub fn status(&self, now_ms: i64) -> Result<Json, EngineError> {
         let policy = self.policy()?;
         let registry = self.registry()?;
-        let last_webhook = self.counter("last_webhook_at")?;
+        let q = self.q();
+        let last_webhook = q.counter("last_webhook_at")?;
         let last_webhook_at = (last_webhook > 0).then(|| format_ms(last_webhook));
         let mut lines = Vec::new();
         if let Some((_, p)) = &policy {
@@ -195,7 +174,7 @@ impl<S: Store> Engine<S> {
                     "last_seen_at": state.beat.as_ref().map(|b| format_ms(b.received_at_ms)),
                     "stale": stale,
                     "capacity": {
-                        "max_calls": effective_max_calls(entry, state.beat.as_ref()),
+                        "max_calls": effective_max_calls(entry, state.beat.as_deref()),
                         "active_calls": hb.map(|h| h.capacity.active_calls),
                         "open_calls": state.open_calls,
                     },
@@ -232,10 +211,10 @@ impl<S: Store> Engine<S> {
             "nodes": nodes,
             "overrides": overrides,
             "counts": {
-                "open_calls": self.count(&format!("SELECT COUNT(*) FROM sessions WHERE state IN {OPEN_STATES}"))?,
-                "pending": self.count("SELECT COUNT(*) FROM events WHERE state = 'pending_assignment'")?,
-                "unroutable": self.count("SELECT COUNT(*) FROM events WHERE state = 'unroutable'")?,
-                "ignored": self.count("SELECT COUNT(*) FROM events WHERE state = 'ignored'")?,
+                "open_calls": q.count_open_sessions()?,
+                "pending": q.count_events(st::PENDING)?,
+                "unroutable": q.count_events(st::UNROUTABLE)?,
+                "ignored": q.count_events(st::IGNORED)?,
             },
             "recent_decisions": recent["decisions"],
         }))

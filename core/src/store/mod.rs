@@ -53,15 +53,31 @@ pub struct Migration {
 }
 
 /// Every migration this build knows, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    name: "0001_init",
-    sql: include_str!("../../../migrations/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        name: "0001_init",
+        sql: include_str!("../../../migrations/0001_init.sql"),
+    },
+    Migration {
+        name: "0002_node_load",
+        sql: include_str!("../../../migrations/0002_node_load.sql"),
+    },
+];
 
 /// Applies the migrations not yet recorded in `schema_migrations`, in order.
 /// Migrations newer than this build that are already recorded are left alone
 /// (expand-only schema: an older release keeps working on a newer schema).
 pub fn migrate(store: &impl Store, now_ms: i64) -> Result<Vec<&'static str>, StoreError> {
+    migrate_with(store, MIGRATIONS, now_ms)
+}
+
+/// [`migrate`] with the given list (a prefix of [`MIGRATIONS`] builds the
+/// schema of an earlier release, for rollback tests).
+pub fn migrate_with(
+    store: &impl Store,
+    migrations: &[Migration],
+    now_ms: i64,
+) -> Result<Vec<&'static str>, StoreError> {
     store.exec(
         "CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL)",
         &[],
@@ -72,7 +88,7 @@ pub fn migrate(store: &impl Store, now_ms: i64) -> Result<Vec<&'static str>, Sto
         .filter_map(|row| row.into_iter().next().and_then(Value::into_text))
         .collect();
     let mut done = Vec::new();
-    for migration in MIGRATIONS {
+    for migration in migrations {
         if applied.iter().any(|name| name == migration.name) {
             continue;
         }

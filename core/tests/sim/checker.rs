@@ -3,6 +3,7 @@
 //! nothing of the engine's internals; each invariant has a test below that
 //! hands it a broken history and shows it is reported.
 
+use callfence_core::engine::{MAX_HOPS, MIN_REFORWARD_BUDGET_MS};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One session's ownership as stored.
@@ -25,6 +26,8 @@ pub struct Snapshot {
     pub revisions: BTreeMap<String, u64>,
     /// Last beat validity per node (valid-until, ms).
     pub beat_valid_until: BTreeMap<String, i64>,
+    /// The Dispatcher's maintained open-call count per node (`node_load`).
+    pub node_load: BTreeMap<String, i64>,
 }
 
 /// A decision as the checker needs it.
@@ -61,6 +64,23 @@ pub enum Observation {
     StaleWrite { before: String, after: String },
     /// A new assignment decision.
     Assignment(AssignmentEvidence),
+    /// After a step: when the engine says its alarm is next due, and when
+    /// the stored work (read by a full scan of the tables) is next due.
+    AlarmDue {
+        engine: Option<i64>,
+        truth: Option<i64>,
+    },
+    /// A definite non-delivery moved the session; `forwarded` is whether
+    /// the engine handed back a forward to the new owner at once, after
+    /// `hop` forwards with `budget_left_ms` of the carrier's budget left.
+    Reassigned {
+        hop: u32,
+        budget_left_ms: i64,
+        forwarded: bool,
+    },
+    /// A node op signed with a key id (or node) not in the registry:
+    /// whether the engine refused it `unknown_node_key`.
+    UnknownKey { op: &'static str, refused: bool },
     /// The alarm ran at this time with this sweep slack.
     AlarmRan {
         now_ms: i64,
@@ -88,6 +108,16 @@ pub enum Violation {
     StaleWriteChangedState,
     OpenAfterOwnerLoss(String),
     OpenAfterMaxDuration(String),
+    OpenCallCountDrift(String),
+    AlarmDueWrong {
+        engine: Option<i64>,
+        truth: Option<i64>,
+    },
+    ReforwardRuleBroken {
+        hop: u32,
+        budget_left_ms: i64,
+    },
+    UnknownKeyAccepted(&'static str),
 }
 
 /// The checker's memory across steps.
@@ -160,6 +190,32 @@ impl Checker {
                         .push(Violation::AssignmentWithoutEvidence(e.node.clone()));
                 }
             }
+            Observation::AlarmDue { engine, truth } => {
+                if engine != truth {
+                    self.violations.push(Violation::AlarmDueWrong {
+                        engine: *engine,
+                        truth: *truth,
+                    });
+                }
+            }
+            Observation::Reassigned {
+                hop,
+                budget_left_ms,
+                forwarded,
+            } => {
+                let allowed = *hop < MAX_HOPS && *budget_left_ms >= MIN_REFORWARD_BUDGET_MS;
+                if *forwarded != allowed {
+                    self.violations.push(Violation::ReforwardRuleBroken {
+                        hop: *hop,
+                        budget_left_ms: *budget_left_ms,
+                    });
+                }
+            }
+            Observation::UnknownKey { op, refused } => {
+                if !refused {
+                    self.violations.push(Violation::UnknownKeyAccepted(op));
+                }
+            }
             Observation::AlarmRan {
                 now_ms,
                 node_lost_after_ms,
@@ -190,6 +246,25 @@ impl Checker {
     }
 
     fn compare(&mut self, after: &Snapshot) {
+        // The maintained per-node count equals the count of open sessions.
+        let mut counted: BTreeMap<&str, i64> = BTreeMap::new();
+        for s in after.sessions.values().filter(|s| s.open) {
+            if let Some(owner) = &s.owner {
+                *counted.entry(owner).or_default() += 1;
+            }
+        }
+        let nodes: BTreeSet<&str> = counted
+            .keys()
+            .copied()
+            .chain(after.node_load.keys().map(String::as_str))
+            .collect();
+        for node in nodes {
+            let kept = after.node_load.get(node).copied().unwrap_or(0);
+            if kept != counted.get(node).copied().unwrap_or(0) {
+                self.violations
+                    .push(Violation::OpenCallCountDrift(node.to_owned()));
+            }
+        }
         for (kind, rev) in &after.revisions {
             if self.last.revisions.get(kind).is_some_and(|old| rev < old) {
                 self.violations
@@ -260,12 +335,20 @@ mod tests {
         }
     }
 
+    /// A snapshot of these sessions whose maintained counts are right.
     fn snap(sessions: &[(&str, Ownership)]) -> Snapshot {
+        let mut node_load = BTreeMap::new();
+        for (_, s) in sessions.iter().filter(|(_, s)| s.open) {
+            if let Some(owner) = &s.owner {
+                *node_load.entry(owner.clone()).or_default() += 1;
+            }
+        }
         Snapshot {
             sessions: sessions
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
+            node_load,
             ..Snapshot::default()
         }
     }
@@ -481,6 +564,87 @@ mod tests {
             "{v:?}"
         );
         assert!(v.contains(&Violation::StaleWriteChangedState), "{v:?}");
+    }
+
+    #[test]
+    fn an_open_call_count_that_drifted_from_the_sessions_is_reported() {
+        let mut s = snap(&[("a", owned("M1", 1, false)), ("b", owned("M1", 2, false))]);
+        s.node_load.insert("M1".into(), 2);
+        assert_eq!(run(vec![(vec![], s.clone())]), vec![]);
+        s.node_load.insert("M1".into(), 1);
+        s.node_load.insert("M2".into(), 1);
+        let v = run(vec![(vec![], s)]);
+        assert_eq!(
+            v,
+            vec![
+                Violation::OpenCallCountDrift("M1".into()),
+                Violation::OpenCallCountDrift("M2".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_late_or_missing_alarm_is_reported() {
+        let due = |engine, truth| {
+            run(vec![(
+                vec![Observation::AlarmDue { engine, truth }],
+                Snapshot::default(),
+            )])
+        };
+        assert!(due(Some(5), Some(5)).is_empty());
+        for (engine, truth) in [(Some(9), Some(5)), (None, Some(5)), (Some(5), None)] {
+            assert_eq!(
+                due(engine, truth),
+                vec![Violation::AlarmDueWrong { engine, truth }]
+            );
+        }
+    }
+
+    #[test]
+    fn a_reforward_beyond_the_hop_limit_or_budget_and_a_missed_one_are_reported() {
+        let moved = |hop, budget_left_ms, forwarded| {
+            run(vec![(
+                vec![Observation::Reassigned {
+                    hop,
+                    budget_left_ms,
+                    forwarded,
+                }],
+                Snapshot::default(),
+            )])
+        };
+        assert!(moved(1, 1_000, true).is_empty());
+        assert!(moved(MAX_HOPS, 1_000, false).is_empty());
+        for (hop, budget, forwarded) in [
+            (MAX_HOPS, 1_000, true),
+            (1, MIN_REFORWARD_BUDGET_MS - 1, true),
+            (1, 1_000, false),
+        ] {
+            assert_eq!(
+                moved(hop, budget, forwarded),
+                vec![Violation::ReforwardRuleBroken {
+                    hop,
+                    budget_left_ms: budget
+                }]
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_op_accepted_under_an_unknown_key_is_reported() {
+        let v = run(vec![(
+            vec![
+                Observation::UnknownKey {
+                    op: "fence",
+                    refused: true,
+                },
+                Observation::UnknownKey {
+                    op: "claim",
+                    refused: false,
+                },
+            ],
+            Snapshot::default(),
+        )]);
+        assert_eq!(v, vec![Violation::UnknownKeyAccepted("claim")]);
     }
 
     #[test]

@@ -2,9 +2,13 @@
 //! real engine on real SQLite (rusqlite, the same migrations as the Durable
 //! Object) through a carrier that duplicates, reorders, delays and retries,
 //! nodes that beat, die, come back, go dirty, drain, change SHA, time out or
-//! refuse, adversarial fence requests, stale compare-and-set writes,
-//! restarts that drop everything in memory, and late, reordered or lost
-//! delivery reports. After every step the checker verifies the invariants.
+//! refuse, adversarial fence requests, node ops under unknown keys, stale
+//! compare-and-set writes, restarts that drop everything in memory, and
+//! late, reordered or lost delivery reports carrying their hop and budget.
+//! The simulated Dispatcher asks the engine when its alarm is due after
+//! every state change. After every step the checker verifies the
+//! invariants, including the maintained open-call counts and the alarm's
+//! due time against a full scan of the tables.
 //!
 //! `CALLFENCE_SIM_SCHEDULES` sets the number of schedules (`make test` runs
 //! at least 2,000); `CALLFENCE_SIM_SEED` replays one schedule.
@@ -30,6 +34,7 @@ fn schedules_hold_every_invariant() {
             .collect(),
     };
     let (mut steps, mut forwards, mut fences) = (0u64, 0u64, 0u64);
+    let (mut reforwards, mut held_back, mut unknown_keys, mut alarm_checks) = (0u64, 0, 0, 0);
     for seed in &seeds {
         let mut world = World::new(*seed);
         world.run();
@@ -42,13 +47,24 @@ fn schedules_hold_every_invariant() {
         steps += world.steps;
         forwards += world.forwards;
         fences += world.fences;
+        reforwards += world.reforwards;
+        held_back += world.held_back;
+        unknown_keys += world.unknown_keys;
+        alarm_checks += world.alarm_checks;
     }
+    let single = seeds.len() == 1;
     assert!(
-        forwards > 0 && fences > 0,
+        forwards > 0 && fences > 0 && alarm_checks > 0,
         "the simulation exercised nothing"
     );
+    assert!(
+        single || (reforwards > 0 && held_back > 0 && unknown_keys > 0),
+        "the simulation never exercised the re-forward rule or the key check"
+    );
     println!(
-        "sim: {} schedules, {steps} steps, 0 violations ({forwards} forwards, {fences} fence grants)",
+        "sim: {} schedules, {steps} steps, 0 violations ({forwards} forwards, {fences} fence grants, \
+         {reforwards} re-forwards and {held_back} held back by the hop/budget rule, \
+         {unknown_keys} unknown-key refusals, alarm due time checked after {alarm_checks} steps with work)",
         seeds.len()
     );
 }

@@ -6,8 +6,8 @@ use callfence_core::document::DocKind;
 use callfence_core::eligibility::is_valid_sha;
 use callfence_core::encoding::b64_encode;
 use callfence_core::engine::{
-    Engine, EngineConfig, FenceReply, FenceRequest, Forward, Ingress, Report, ReportEffect,
-    ReportedAnswer, Timing,
+    Caller, ClaimReply, ClaimRequest, Engine, EngineConfig, FenceReply, FenceRequest, Forward,
+    HeartbeatRefusal, Ingress, MediaReply, Report, ReportEffect, ReportedAnswer, Timing,
 };
 use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, Mode, HEARTBEAT_SCHEMA};
 use callfence_core::media::MediaKeys;
@@ -84,6 +84,11 @@ struct LateReport {
     session: String,
 }
 
+/// A node signing with its registered key id.
+fn signed(node: &str) -> Caller<'_> {
+    Caller { node, kid: "k1" }
+}
+
 pub struct World {
     rng: Rng,
     now: i64,
@@ -106,6 +111,13 @@ pub struct World {
     pub steps: u64,
     pub forwards: u64,
     pub fences: u64,
+    /// Reassignments forwarded at once, and held back by the hop or budget rule.
+    pub reforwards: u64,
+    pub held_back: u64,
+    /// Node ops refused for an unknown key id or node.
+    pub unknown_keys: u64,
+    /// Steps after which the alarm's due time was checked with work pending.
+    pub alarm_checks: u64,
 }
 
 fn node_key(i: usize) -> SigningKey {
@@ -170,6 +182,10 @@ impl World {
             steps: 0,
             forwards: 0,
             fences: 0,
+            reforwards: 0,
+            held_back: 0,
+            unknown_keys: 0,
+            alarm_checks: 0,
         };
         world.write_documents();
         world
@@ -242,6 +258,10 @@ impl World {
             80..=82 => self.invalid_input(),
             _ => self.late_report(),
         }
+        let due = self.engine().next_alarm_at(self.now).expect("alarm due");
+        let truth = self.alarm_truth();
+        self.alarm_checks += u64::from(truth.is_some());
+        self.obs.push(Observation::AlarmDue { engine: due, truth });
         let after = self.snapshot();
         self.collect_decisions();
         let obs = std::mem::take(&mut self.obs);
@@ -343,7 +363,7 @@ impl World {
             .expect("engine");
         self.after_store_change();
         match ingress {
-            Ingress::Forward(f) => self.forward(f, 1_500),
+            Ingress::Forward(f) => self.forward(f, 1_500, 1),
             Ingress::Delivered(d) => {
                 let answer = format!("{}/{}", d.delivered_to, d.epoch);
                 let recorded = self.recorded.get(&event_id).cloned();
@@ -359,9 +379,10 @@ impl World {
         }
     }
 
-    /// Sends a forward to the simulated node and reports (or delays, or
-    /// loses) the outcome. Returns true when the carrier would get a 200.
-    fn forward(&mut self, f: Forward, budget_ms: i64) -> bool {
+    /// Sends a forward (the `hop`th for its webhook) to the simulated node
+    /// and reports (or delays, or loses) the outcome. Returns true when the
+    /// carrier would get a 200.
+    fn forward(&mut self, f: Forward, budget_ms: i64, hop: u32) -> bool {
         self.forwards += 1;
         self.obs.push(Observation::Forwarded {
             event_id: f.event_id.clone(),
@@ -431,12 +452,15 @@ impl World {
                 | ReportedAnswer::NetworkError
                 | ReportedAnswer::Http { status: 500, .. }
         );
+        // The origin's answer takes 50 to 800 ms of the carrier's budget.
+        let spent = 50 + self.rng.below(750) as i64;
         let report = Report {
             event_id: f.event_id.clone(),
             epoch: f.epoch,
             attempt: f.attempt,
             answer,
-            budget_left_ms: budget_ms - 200,
+            budget_left_ms: budget_ms - spent,
+            hop,
         };
         match self.rng.below(10) {
             0 if !not_admitted => {
@@ -494,13 +518,24 @@ impl World {
                     .or_insert(format!("{}/{}", d.delivered_to, d.epoch));
                 true
             }
-            ReportEffect::Reassigned(Some(f)) => {
-                let budget = report.budget_left_ms;
-                self.forward(f, budget)
+            ReportEffect::Reassigned(next) => {
+                self.obs.push(Observation::Reassigned {
+                    hop: report.hop,
+                    budget_left_ms: report.budget_left_ms,
+                    forwarded: next.is_some(),
+                });
+                match next {
+                    Some(f) => {
+                        self.reforwards += 1;
+                        self.forward(f, report.budget_left_ms, report.hop + 1)
+                    }
+                    None => {
+                        self.held_back += 1;
+                        false
+                    }
+                }
             }
-            ReportEffect::Reassigned(None) | ReportEffect::Unknown | ReportEffect::Parked(_) => {
-                false
-            }
+            ReportEffect::Unknown | ReportEffect::Parked(_) => false,
         }
     }
 
@@ -526,7 +561,7 @@ impl World {
         let id = self.nodes[node].id;
         let reply = self
             .engine()
-            .handle_fence(id, &req, &self.media_keys, self.now)
+            .handle_fence(signed(id), &req, &self.media_keys, self.now)
             .expect("fence");
         if let FenceReply::Granted(g) = reply {
             if g.first {
@@ -607,7 +642,7 @@ impl World {
         let body = serde_json::to_vec(&hb).expect("json");
         let id = node.id;
         self.engine()
-            .handle_heartbeat(id, self.now / 1000, &body, self.now)
+            .handle_heartbeat(signed(id), self.now / 1000, &body, self.now)
             .expect("beat accepted");
         self.nodes[i].seq = seq;
         self.nodes[i].beats.push((self.now, truly));
@@ -650,16 +685,54 @@ impl World {
         });
         self.next_alarm = work.next_alarm_ms;
         for f in work.forwards {
-            self.forward(f, 0);
+            self.forward(f, 0, 1);
         }
         self.after_store_change();
     }
 
-    /// The Dispatcher arms its alarm after every state change.
+    /// The Dispatcher's contract: after every state change it asks the
+    /// engine when the alarm is next due, and arms it unless armed earlier.
     fn after_store_change(&mut self) {
-        if self.next_alarm.is_none() {
-            self.next_alarm = Some(self.now + 1_000);
+        let due = self.engine().next_alarm_at(self.now).expect("alarm due");
+        self.next_alarm = match (self.next_alarm, due) {
+            (Some(armed), Some(due)) => Some(armed.min(due)),
+            (armed, due) => armed.or(due),
+        };
+    }
+
+    /// When the stored work is next due, by a full scan of the tables (the
+    /// engine answers from indexes and a cache).
+    fn alarm_truth(&self) -> Option<i64> {
+        let t = &self.config.timing;
+        let store = self.engine().store();
+        let events = store
+            .exec("SELECT state, next_try_at, redrives FROM events", &[])
+            .expect("events");
+        let max_redrives = t.redrive_backoff_ms.len() as i64;
+        let mut due: Vec<i64> = Vec::new();
+        let state = |r: &Vec<Value>| r[0].as_text().unwrap_or_default().to_owned();
+        if events.iter().any(|r| state(r) == "pending_assignment") {
+            due.push(self.now + t.pending_retry_ms);
         }
+        due.extend(events.iter().filter_map(|r| {
+            let s = state(r);
+            let retried = s == "queued"
+                || s == "forwarding"
+                || (s == "unknown" && r[2].as_int().unwrap_or(0) < max_redrives);
+            retried
+                .then(|| r[1].as_int())
+                .flatten()
+                .map(|at| at.max(self.now))
+        }));
+        let open = store
+            .exec("SELECT state FROM sessions", &[])
+            .expect("sessions")
+            .iter()
+            .any(|r| matches!(r[0].as_text(), Some("assigned" | "answered")));
+        if open || !events.is_empty() {
+            due.push(self.now + t.sweep_interval_ms);
+        }
+        due.into_iter().min()
     }
 
     fn restart(&mut self) {
@@ -700,7 +773,7 @@ impl World {
         let before = self.dump();
         let node = NODES[self.rng.below(3) as usize];
         let _ = self.engine().handle_heartbeat(
-            node,
+            signed(node),
             self.now / 1000,
             b"{\"schema\":\"nope\"}",
             self.now,
@@ -715,6 +788,7 @@ impl World {
         let _ = self
             .engine()
             .put_document(DocKind::Nodes, b"[]", None, "sim", self.now);
+        self.unknown_key_ops();
         // An unsigned webhook never reaches the engine: the Worker's check refuses it.
         let body = br#"{"data":{"id":"forged","event_type":"call.initiated","payload":{"call_session_id":"x"}}}"#;
         let ts = (self.now / 1000).to_string();
@@ -728,6 +802,67 @@ impl World {
         .is_err());
         let after = self.dump();
         self.obs.push(Observation::InvalidInput { before, after });
+    }
+
+    /// Node ops under a key id (or node) the registry does not have, aimed
+    /// where the right key would change state: a fence of a live call at its
+    /// epoch, a claim, a fresh beat, a media check.
+    fn unknown_key_ops(&mut self) {
+        let node = NODES[self.rng.below(3) as usize];
+        let caller = if self.rng.chance(50) {
+            Caller { node, kid: "k9" }
+        } else {
+            Caller {
+                node: "M9",
+                kid: "k1",
+            }
+        };
+        let call = 1 + self.rng.below(self.calls.max(1));
+        let session = format!("sess-{call}");
+        let epoch = self.session_epoch(&session).unwrap_or(1);
+        let fence = FenceRequest {
+            call_session_id: session.clone(),
+            call_control_id: format!("v3:leg-{call}"),
+            epoch,
+            purpose: callfence_core::wire::FencePurpose::Answer,
+        };
+        let claim = ClaimRequest {
+            call_control_id: format!("v3:out-{}", self.steps),
+            call_session_id: format!("out-{}", self.steps),
+        };
+        let beat =
+            json!({"schema": HEARTBEAT_SCHEMA, "node": caller.node, "seq": self.now}).to_string();
+        let e = self.engine();
+        let refused = [
+            (
+                "fence",
+                e.handle_fence(caller, &fence, &self.media_keys, self.now)
+                    .expect("fence")
+                    == FenceReply::UnknownNodeKey,
+            ),
+            (
+                "claim",
+                e.handle_claim(caller, &claim, self.now).expect("claim")
+                    == ClaimReply::NotRegistered,
+            ),
+            (
+                "heartbeat",
+                matches!(
+                    e.handle_heartbeat(caller, self.now / 1000, beat.as_bytes(), self.now),
+                    Err(HeartbeatRefusal::UnknownNode)
+                ),
+            ),
+            (
+                "media_verify",
+                e.handle_media_verify(caller, "t", &self.media_keys, self.now)
+                    .expect("media")
+                    == MediaReply::UnknownNodeKey,
+            ),
+        ];
+        for (op, refused) in refused {
+            self.unknown_keys += u64::from(refused);
+            self.obs.push(Observation::UnknownKey { op, refused });
+        }
     }
 
     // ---- observation ---------------------------------------------------------
@@ -752,6 +887,7 @@ impl World {
             "documents",
             "heartbeats",
             "node_health",
+            "node_load",
             "sessions",
             "legs",
             "events",
@@ -806,6 +942,15 @@ impl World {
             snap.revisions.insert(
                 r[0].as_text().unwrap_or_default().to_owned(),
                 r[1].as_int().unwrap_or(0) as u64,
+            );
+        }
+        for r in store
+            .exec("SELECT node, open_calls FROM node_load", &[])
+            .expect("node_load")
+        {
+            snap.node_load.insert(
+                r[0].as_text().unwrap_or_default().to_owned(),
+                r[1].as_int().unwrap_or(0),
             );
         }
         for r in store

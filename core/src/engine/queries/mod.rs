@@ -1,0 +1,285 @@
+//! Every SQL statement the Dispatcher runs, as one named function each (the
+//! agent's `ledger.rs` does the same for the agent). Nothing else in the
+//! engine spells SQL; the schema is `migrations/`.
+//!
+//! On the Durable Object each statement is one crossing between wasm and the
+//! runtime's SQL binding, which is most of the Dispatcher's CPU: statements
+//! here combine what they can (`RETURNING`, upserts, joins, several counters
+//! in one write) and read the large columns (an event's body and headers)
+//! only when they are forwarded. `core/benches/engine.rs` counts them per
+//! operation.
+
+// Column lists and shared clauses as macros, so that every statement is one
+// `&'static str` built at compile time (no formatting per statement).
+
+/// SQL list of the session states that count toward the owner's capacity
+/// (the Rust twin is `SessionState::is_open`; the `node_load` triggers of
+/// `migrations/0002_node_load.sql` spell it too).
+macro_rules! open_states {
+    () => {
+        "('assigned', 'answered')"
+    };
+}
+/// The session columns `rows::session_at` reads, in order.
+macro_rules! session_cols {
+    () => {
+        "call_session_id, state, owner, epoch, origin_url, direction, caller, called, created_at, fence_node, fence_epoch, fence_at, command_id, ambiguous_epoch"
+    };
+}
+/// [`session_cols`] of the alias `s`.
+macro_rules! session_cols_s {
+    () => {
+        "s.call_session_id, s.state, s.owner, s.epoch, s.origin_url, s.direction, s.caller, s.called, s.created_at, s.fence_node, s.fence_epoch, s.fence_at, s.command_id, s.ambiguous_epoch"
+    };
+}
+/// The event columns `rows::event_at` reads, in order.
+macro_rules! event_cols {
+    () => {
+        "event_id, call_session_id, call_control_id, event_type, state, received_at, epoch, attempts, lease_until, redrives, result_status, node, pending_until"
+    };
+}
+/// [`event_cols`] of the alias `e`.
+macro_rules! event_cols_e {
+    () => {
+        "e.event_id, e.call_session_id, e.call_control_id, e.event_type, e.state, e.received_at, e.epoch, e.attempts, e.lease_until, e.redrives, e.result_status, e.node, e.pending_until"
+    };
+}
+/// The guard of every move of an owned session (parameter: the epoch it
+/// moves from).
+macro_rules! movable {
+    () => {
+        "epoch = ? AND owner IS NOT NULL AND fence_node IS NULL AND ambiguous_epoch IS NOT epoch AND direction IS NOT 'outgoing'"
+    };
+}
+
+mod events;
+mod nodes;
+mod retention;
+mod sessions;
+
+use super::EngineError;
+use crate::store::{Row, Store, Value};
+
+/// The alarm's facts: is anything parked, the earliest re-drive or lease
+/// end, and is anything open or stored at all (the sweep). Each part is one
+/// seek in an index (`events_by_due`, `events_by_age`) or a read of the
+/// small `node_load` table, so the cost does not grow with the ledger. An
+/// `unknown` event with no re-drive left never carries a `next_try_at`
+/// ([`Queries::lapse_leases`], [`Queries::mark_event_unknown`]), so the
+/// earliest one is always due.
+pub(super) const ALARM_FACTS: &str = "SELECT \
+    (SELECT 1 FROM events WHERE state = 'pending_assignment' LIMIT 1), \
+    (SELECT MIN(next_try_at) FROM events WHERE state = 'queued'), \
+    (SELECT MIN(next_try_at) FROM events WHERE state = 'forwarding'), \
+    (SELECT MIN(next_try_at) FROM events WHERE state = 'unknown'), \
+    (SELECT 1 FROM node_load WHERE open_calls > 0 LIMIT 1), \
+    (SELECT MIN(updated_at) FROM events)";
+
+/// A new ledger row, inserted in its final state for this unit.
+pub(crate) struct NewEvent<'a> {
+    pub event_id: &'a str,
+    pub seq: u64,
+    pub session: Option<&'a str>,
+    pub call_control_id: Option<&'a str>,
+    pub event_type: &'a str,
+    pub state: &'a str,
+    pub body: &'a str,
+    pub headers: &'a str,
+    pub now_ms: i64,
+    pub pending_until: Option<i64>,
+    /// (node, epoch, lease until) when inserted as a first attempt.
+    pub attempt: Option<(&'a str, u64, i64)>,
+}
+
+/// A new session's first facts.
+pub(crate) struct NewSession<'a> {
+    pub id: &'a str,
+    pub direction: Option<&'a str>,
+    pub caller: Option<&'a str>,
+    pub called: Option<&'a str>,
+    pub now_ms: i64,
+}
+
+/// A node's forward health and open-call count, as eligibility reads them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct NodeRow {
+    pub last_failure_at_ms: Option<i64>,
+    pub last_delivery_at_ms: Option<i64>,
+    pub open_calls: i64,
+}
+
+/// The stored facts the alarm's due time is computed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AlarmFacts {
+    pub pending: bool,
+    pub next_try_at: Option<i64>,
+    pub busy: bool,
+}
+
+/// The last accepted heartbeat of a node, for replay and the seq check.
+pub(crate) struct LastBeat {
+    pub seq: i64,
+    pub body_sha256: String,
+    pub answer: String,
+}
+
+/// The Dispatcher's statements over one [`Store`].
+pub(crate) struct Queries<'s, S: Store> {
+    store: &'s S,
+}
+
+pub(super) fn int(row: &Row, i: usize) -> Option<i64> {
+    row.get(i).and_then(Value::as_int)
+}
+
+pub(super) fn text(row: &Row, i: usize) -> Option<String> {
+    row.get(i).and_then(Value::as_text).map(str::to_owned)
+}
+
+impl<'s, S: Store> Queries<'s, S> {
+    pub(crate) fn new(store: &'s S) -> Self {
+        Self { store }
+    }
+
+    pub(super) fn run(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, EngineError> {
+        Ok(self.store.exec(sql, params)?)
+    }
+
+    pub(super) fn first_int(
+        &self,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Option<i64>, EngineError> {
+        Ok(self.run(sql, params)?.first().and_then(|r| int(r, 0)))
+    }
+
+    // ---- counters ----------------------------------------------------------
+
+    /// Increments each named counter by one and sets each `(name, value)`, in
+    /// one statement; returns the incremented counters' new values in the
+    /// order of `bump`.
+    pub(crate) fn counters(
+        &self,
+        bump: &[&str],
+        set: &[(&str, i64)],
+    ) -> Result<Vec<u64>, EngineError> {
+        let mut sql = String::from("INSERT INTO counters (name, value) VALUES ");
+        let mut params = Vec::with_capacity(2 * (bump.len() + set.len()));
+        for (i, name) in bump.iter().enumerate() {
+            sql.push_str(if i == 0 { "(?, 1)" } else { ", (?, 1)" });
+            params.push(Value::from(*name));
+        }
+        for (i, (name, value)) in set.iter().enumerate() {
+            sql.push_str(if i == 0 && bump.is_empty() {
+                "(?, ?)"
+            } else {
+                ", (?, ?)"
+            });
+            params.push(Value::from(*name));
+            params.push(Value::Int(*value));
+        }
+        let sets: Vec<String> = set.iter().map(|(n, _)| format!("'{n}'")).collect();
+        if sets.is_empty() {
+            sql.push_str(" ON CONFLICT (name) DO UPDATE SET value = value + 1");
+        } else {
+            sql.push_str(&format!(
+                " ON CONFLICT (name) DO UPDATE SET value = CASE WHEN name IN ({}) THEN excluded.value ELSE value + 1 END",
+                sets.join(", ")
+            ));
+        }
+        sql.push_str(" RETURNING name, value");
+        let rows = self.run(&sql, &params)?;
+        bump.iter()
+            .map(|name| {
+                let value = rows
+                    .iter()
+                    .find(|r| r.first().and_then(Value::as_text) == Some(name))
+                    .and_then(|r| int(r, 1))
+                    .ok_or_else(|| EngineError::Corrupt(format!("counter {name}")))?;
+                if value as u64 > crate::MAX_SAFE_INTEGER || value < 1 {
+                    return Err(EngineError::Corrupt(format!("counter {name} exhausted")));
+                }
+                Ok(value as u64)
+            })
+            .collect()
+    }
+
+    /// Sets a named counter.
+    pub(crate) fn set_counter(&self, name: &str, value: i64) -> Result<(), EngineError> {
+        self.run(
+            "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            &[name.into(), Value::Int(value)],
+        )?;
+        Ok(())
+    }
+
+    /// A named counter (0 when absent).
+    pub(crate) fn counter(&self, name: &str) -> Result<i64, EngineError> {
+        Ok(self
+            .first_int("SELECT value FROM counters WHERE name = ?", &[name.into()])?
+            .unwrap_or(0))
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use crate::store::migrate;
+    use crate::store::sqlite::SqliteStore;
+
+    /// The query plan's lines for `sql`.
+    fn plan(store: &SqliteStore, sql: &str, params: &[Value]) -> Vec<String> {
+        store
+            .exec(&format!("EXPLAIN QUERY PLAN {sql}"), params)
+            .unwrap()
+            .iter()
+            .filter_map(|r| r.get(3).and_then(Value::as_text).map(str::to_owned))
+            .collect()
+    }
+
+    #[test]
+    fn the_alarm_facts_and_a_node_s_facts_read_indexes_only() {
+        let store = SqliteStore::in_memory().unwrap();
+        migrate(&store, 0).unwrap();
+        // Only the outer constant row and the per-node table are scanned.
+        let indexed = |lines: &[String]| {
+            lines.iter().all(|l| {
+                !l.starts_with("SCAN") || l == "SCAN CONSTANT ROW" || l == "SCAN node_load"
+            })
+        };
+        let lines = plan(&store, ALARM_FACTS, &[]);
+        assert!(
+            lines.iter().any(|l| l.contains("events_by_due")),
+            "{lines:?}"
+        );
+        assert!(indexed(&lines), "{lines:?}");
+        let q = Queries::new(&store);
+        assert_eq!(
+            q.alarm_facts().unwrap(),
+            AlarmFacts {
+                pending: false,
+                next_try_at: None,
+                busy: false
+            }
+        );
+        let node = plan(&store, nodes::NODE_FACTS, &["M1".into()]);
+        assert!(indexed(&node), "{node:?}");
+        assert!(node.iter().any(|l| l.contains("node_load")), "{node:?}");
+    }
+
+    #[test]
+    fn counters_bump_and_set_in_one_statement() {
+        let store = SqliteStore::in_memory().unwrap();
+        migrate(&store, 0).unwrap();
+        let q = Queries::new(&store);
+        assert_eq!(q.counters(&["epoch", "decision"], &[]).unwrap(), vec![1, 1]);
+        assert_eq!(
+            q.counters(&["epoch"], &[("last_webhook_at", 77)]).unwrap(),
+            vec![2]
+        );
+        q.set_counter("last_webhook_at", 78).unwrap();
+        assert_eq!(q.counter("epoch").unwrap(), 2);
+        assert_eq!(q.counter("decision").unwrap(), 1);
+        assert_eq!(q.counter("last_webhook_at").unwrap(), 78);
+    }
+}
