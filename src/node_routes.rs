@@ -1,5 +1,6 @@
 //! Node-signed routes after the signature check: heartbeat, fence, claims
-//! and media checks go to the Dispatcher as they are (SPEC §6, §8).
+//! and media checks go to the Dispatcher as they are (SPEC §6, §8); the L5
+//! probe is [`crate::probe`]'s.
 
 use crate::protocol::{self, Op};
 use crate::reply::{relay, Answer, ApiError};
@@ -23,6 +24,7 @@ pub async fn handle(
         Route::Fence => Op::Fence,
         Route::Claims => Op::Claim,
         Route::MediaVerify => Op::MediaVerify,
+        Route::Probe => return crate::probe::handle(env, node, kid, &body).await,
         _ => return Err(ApiError::not_found()),
     };
     let text = String::from_utf8(body).map_err(|_| ApiError::new(400, "bad_request"))?;

@@ -41,6 +41,7 @@
 //! | `report` | `report` | as `webhook` (a reassigned call's next forward) |
 //! | `heartbeat` | `node`, `signed_at_s`, `body` | the heartbeat answer (§6) |
 //! | `fence`, `claim`, `media_verify` | `node`, `body` | the §8 / §13 answers |
+//! | `probe` | `node`, `kid` | `{"origin_url":..}` or 429 `rate_limited` (`retry_after_s`) |
 //! | `get_document` | `kind`, `revision`? | `{"revision":N,"document":{..}}` |
 //! | `put_document` | `kind`, `body`, `if_match`?, `writer_fp` | `{"revision":N}` |
 //! | `preview` | `body` | the §13 preview |
@@ -101,11 +102,13 @@ pub enum Op {
     Decisions,
     /// One call's record.
     Call,
+    /// Admit an L5 probe (rate limit) and name the node's origin.
+    Probe,
 }
 
 impl Op {
     /// Every operation.
-    pub const ALL: [Op; 14] = [
+    pub const ALL: [Op; 15] = [
         Op::Ping,
         Op::NodeKeys,
         Op::Webhook,
@@ -120,6 +123,7 @@ impl Op {
         Op::Status,
         Op::Decisions,
         Op::Call,
+        Op::Probe,
     ];
 
     /// The name on the wire (also the URL path).
@@ -139,6 +143,7 @@ impl Op {
             Op::Status => "status",
             Op::Decisions => "decisions",
             Op::Call => "call",
+            Op::Probe => "probe",
         }
     }
 

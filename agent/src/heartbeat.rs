@@ -143,6 +143,11 @@ pub struct BeatRecord {
     pub clock_skew_ms: Option<i64>,
     /// The edge's routing view (`{"hash","lines"}`).
     pub routing: Option<Value>,
+    /// The registry's `allowed_shas` for this node as the edge reported it
+    /// (accepted beats): `null` when the registry lists none, absent from
+    /// an edge that does not report it.
+    #[serde(default)]
+    pub allowed_shas: Option<Value>,
     /// `valid_for_s` of the beat.
     pub valid_for_s: u32,
     /// What the beat reported.
@@ -191,6 +196,7 @@ pub fn record(
         edge_time: None,
         clock_skew_ms: None,
         routing: None,
+        allowed_shas: None,
         valid_for_s,
         observed,
     };
@@ -215,6 +221,7 @@ pub fn record(
                     })
                     .unwrap_or_default();
                 rec.routing = r.body.get("routing").cloned();
+                rec.allowed_shas = r.body.get("allowed_shas").cloned();
             } else {
                 rec.outcome = "refused".into();
                 rec.refused = Some(

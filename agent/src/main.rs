@@ -10,13 +10,14 @@
 //! - `mode get` / `mode set active|shadow|drained` ([`callfence_agent::mode`]).
 //! - `drain [--deadline 30m] [--shed]` ([`callfence_agent::drain`]).
 //! - `status`: the node's own view ([`callfence_agent::status`]).
+//! - `deploy --sha`, `rollback`, `releases` ([`callfence_agent::deploy`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use callfence_agent::config::{self, DEFAULT_PATH};
 use callfence_agent::mode::{self, NodeMode};
-use callfence_agent::{drain, heartbeat, keys, status, AgentError};
+use callfence_agent::{deploy, drain, heartbeat, keys, status, AgentError};
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// callfence node agent: signed heartbeats, the verifying origin proxy in
@@ -68,6 +69,41 @@ enum Command {
     },
     /// Show the node's own view: mode, SHA, clean, capacity, last beat, verdict, clock skew.
     Status {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deploy one full commit of the voice app: fetch, clean checkout, build,
+    /// drain, switch, restart, verify (health, connector, L5); restores the
+    /// previous release by itself on any failure. Runs inside the agent.
+    Deploy {
+        /// The commit: 40 lowercase hex digits.
+        #[arg(long)]
+        sha: String,
+        /// Drain deadline (default: deploy.drain_deadline).
+        #[arg(long)]
+        deadline: Option<String>,
+        /// Hang up calls still up at the drain deadline.
+        #[arg(long)]
+        shed: bool,
+        /// Print one JSON result instead of the steps.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Go back to the previous verified release, with the same drain and checks.
+    Rollback {
+        /// Drain deadline (default: deploy.drain_deadline).
+        #[arg(long)]
+        deadline: Option<String>,
+        /// Hang up calls still up at the drain deadline.
+        #[arg(long)]
+        shed: bool,
+        /// Print one JSON result instead of the steps.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the kept releases: SHA, when deployed, result, which is current.
+    Releases {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -222,6 +258,50 @@ fn dispatch(cli: Cli) -> Result<ExitCode, AgentError> {
             } else {
                 ExitCode::from(2)
             })
+        }
+        Command::Deploy {
+            sha,
+            deadline,
+            shed,
+            json,
+        } => {
+            let config = config::load(&cli.config)?;
+            let body = serde_json::json!({"sha": sha, "deadline": deadline, "shed": shed});
+            runtime()?.block_on(deploy::job::client(&config, "/local/deploy", body, json))
+        }
+        Command::Rollback {
+            deadline,
+            shed,
+            json,
+        } => {
+            let config = config::load(&cli.config)?;
+            let body = serde_json::json!({"deadline": deadline, "shed": shed});
+            runtime()?.block_on(deploy::job::client(&config, "/local/rollback", body, json))
+        }
+        Command::Releases { json } => {
+            let config = config::load(&cli.config)?;
+            let d = config
+                .deploy
+                .as_ref()
+                .ok_or_else(|| AgentError::new("no [deploy] table in the configuration"))?;
+            let list = deploy::releases::listing(d, &config.state_dir);
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&list).unwrap_or_default()
+                );
+            } else {
+                for r in list["releases"].as_array().into_iter().flatten() {
+                    println!(
+                        "{} {}  {}  {}",
+                        if r["current"] == true { "*" } else { " " },
+                        r["sha"].as_str().unwrap_or_default(),
+                        r["deployed_at"].as_str().unwrap_or_default(),
+                        r["result"].as_str().unwrap_or_default()
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Status { json } => {
             let config = config::load(&cli.config)?;

@@ -17,6 +17,7 @@
 //! - [`media`]: HMAC media tokens.
 //! - [`fence`]: the deterministic answer `command_id`.
 //! - [`heartbeat`]: heartbeat documents and the routing hash.
+//! - [`probe`]: the public L5 probe: nonce, body, rate limit, verdict.
 //!
 //! Documents (validated, versioned by compare-and-set):
 //! - [`problem`]: `{path, problem}` validation findings.
@@ -68,6 +69,7 @@ pub mod node_auth;
 pub mod number;
 pub mod outcome;
 pub mod policy;
+pub mod probe;
 pub mod problem;
 pub mod registry;
 pub mod selection;

@@ -6,8 +6,8 @@ use crate::protocol::{self, Op};
 use callfence_core::document::DocKind;
 use callfence_core::engine::{
     BadRequest, ClaimReply, ClaimRequest, DocError, Engine, EngineError, FenceReply, FenceRequest,
-    HeartbeatRefusal, Ingress, MediaReply, MediaVerifyRequest, PreviewRequest, Report,
-    ReportEffect,
+    HeartbeatRefusal, Ingress, MediaReply, MediaVerifyRequest, PreviewRequest, ProbeAdmission,
+    Report, ReportEffect,
 };
 use callfence_core::media::MediaKeys;
 use callfence_core::store::Store;
@@ -27,8 +27,10 @@ pub fn serve<S: Store>(
     args: Map<String, Json>,
     now_ms: i64,
 ) -> Result<String, EngineError> {
-    if matches!(op, Op::Heartbeat | Op::Fence | Op::Claim | Op::MediaVerify)
-        && !key_in_force(engine, &args)?
+    if matches!(
+        op,
+        Op::Heartbeat | Op::Fence | Op::Claim | Op::MediaVerify | Op::Probe
+    ) && !key_in_force(engine, &args)?
     {
         // The Worker's key cache may lag a registry change by a few
         // seconds: a key removed since is refused here.
@@ -59,6 +61,7 @@ pub fn serve<S: Store>(
             let session = args.get("call_session_id").and_then(Json::as_str);
             engine.decisions(limit, session).map(|d| Ok(object(d)))
         }
+        Op::Probe => probe(engine, &args, now_ms),
         Op::Call => {
             let id = text(&args, "id");
             engine
@@ -69,6 +72,22 @@ pub fn serve<S: Store>(
     Ok(match answer {
         Ok(result) => protocol::encode_done(result),
         Err((status, code, fields)) => protocol::encode_refused(status, code, fields),
+    })
+}
+
+fn probe<S: Store>(
+    engine: &Engine<S>,
+    args: &Map<String, Json>,
+    now_ms: i64,
+) -> Result<Answer, EngineError> {
+    Ok(match engine.handle_probe(text(args, "node"), now_ms)? {
+        ProbeAdmission::Send { origin_url } => Ok(object(json!({ "origin_url": origin_url }))),
+        ProbeAdmission::RateLimited { retry_after_s } => Err(refused_with(
+            429,
+            "rate_limited",
+            json!({ "retry_after_s": retry_after_s }),
+        )),
+        ProbeAdmission::UnknownNode => Err(refused(401, "unknown_node_key")),
     })
 }
 

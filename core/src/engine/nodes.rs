@@ -156,6 +156,7 @@ impl<S: Store> Engine<S> {
             "reasons": reasons,
             "edge_time": format_ms(now_ms),
             "routing": {"hash": routing_hash(&lines), "lines": lines},
+            "allowed_shas": entry.allowed_shas,
         });
         let body_text = String::from_utf8_lossy(body).into_owned();
         self.exec(
