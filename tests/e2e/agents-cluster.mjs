@@ -592,7 +592,7 @@ current = "${current}"
 build = "sh build.sh"
 artifacts = ["build/app.out"]
 restart = "sh ${script}"
-health_timeout = "20s"
+health_timeout = "10s"
 drain_deadline = "30s"
 keep = 2
 `;
