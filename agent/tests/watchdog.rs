@@ -15,6 +15,16 @@ use axum::{Json, Router};
 use common::*;
 use serde_json::json;
 
+/// A child process killed when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// An app that always holds one call, so a drain runs to its deadline.
 async fn busy_app() -> String {
     let app = Router::new().route(
@@ -54,7 +64,7 @@ async fn ready_then_watchdog_pings_through_a_20_second_drain_then_stopping() {
     let log = std::fs::File::create(node.dir.join("agent.log")).unwrap();
     // WATCHDOG_USEC = 2 s: a ping every second; systemd would kill the agent
     // after 2 s without one.
-    let mut agent = Command::new(BIN)
+    let agent = Command::new(BIN)
         .arg("--config")
         .arg(&node.config)
         .arg("run")
@@ -64,6 +74,8 @@ async fn ready_then_watchdog_pings_through_a_20_second_drain_then_stopping() {
         .stderr(log)
         .spawn()
         .unwrap();
+    // Killed on drop, so a failed assertion leaves no agent behind.
+    let mut agent = Reaped(agent);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !received
         .lock()
@@ -115,10 +127,10 @@ async fn ready_then_watchdog_pings_through_a_20_second_drain_then_stopping() {
 
     // SIGTERM: STOPPING=1 before the agent exits.
     Command::new("kill")
-        .args(["-TERM", &agent.id().to_string()])
+        .args(["-TERM", &agent.0.id().to_string()])
         .status()
         .unwrap();
-    agent.wait().unwrap();
+    agent.0.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !received
         .lock()

@@ -27,9 +27,15 @@ use crate::config::Config;
 use crate::context::Agent;
 use crate::AgentError;
 
+/// How long the client waits for an agent that stopped answering.
+const CLIENT_PATIENCE: Duration = Duration::from_secs(5);
+
 /// The latest job, as the local API shows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobView {
+    /// The agent process running it (a restarted agent has another).
+    #[serde(default)]
+    pub pid: u32,
     /// Increases with each job of this agent process.
     pub id: u64,
     /// `deploy`, `rollback` or `recover`.
@@ -57,6 +63,7 @@ impl Slot {
         }
         let id = slot.as_ref().map_or(1, |j| j.id + 1);
         *slot = Some(JobView {
+            pid: std::process::id(),
             id,
             kind: kind.to_string(),
             steps: Vec::new(),
@@ -202,7 +209,11 @@ fn answer(agent: &Arc<Agent>, kind: Kind, body: &[u8]) -> Response {
         }
     };
     match start(agent, kind, req) {
-        Ok(id) => (StatusCode::ACCEPTED, Json(json!({"id": id}))).into_response(),
+        Ok(id) => (
+            StatusCode::ACCEPTED,
+            Json(json!({"id": id, "pid": std::process::id()})),
+        )
+            .into_response(),
         Err((status, code)) => (status, Json(json!({"error": code}))).into_response(),
     }
 }
@@ -257,19 +268,29 @@ pub async fn client(
         )));
     }
     let id = started["id"].as_u64().unwrap_or(0);
+    let pid = started["pid"].as_u64().unwrap_or(0);
+    let lost = || {
+        AgentError::new(
+            "lost the agent mid-deploy: it finishes the restore from the journal when it starts again; see `releases` and `status`",
+        )
+    };
     let mut printed = 0;
+    let mut silent_since = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let Ok(r) = http.get(format!("{base}/local/deploy")).send().await else {
+        let view = match http.get(format!("{base}/local/deploy")).send().await {
+            Ok(r) => r.json::<JobView>().await.ok(),
+            Err(_) => None,
+        };
+        let Some(view) = view else {
+            if silent_since.elapsed() > CLIENT_PATIENCE {
+                return Err(lost());
+            }
             continue;
         };
-        let Ok(view) = r.json::<JobView>().await else {
-            continue;
-        };
-        if view.id != id {
-            return Err(AgentError::new(
-                "the agent restarted: see `releases` and `status`",
-            ));
+        silent_since = tokio::time::Instant::now();
+        if view.id != id || u64::from(view.pid) != pid {
+            return Err(lost());
         }
         if !json_out {
             for s in view.steps.iter().skip(printed) {
