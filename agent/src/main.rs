@@ -80,27 +80,13 @@ enum Command {
         /// The commit: 40 lowercase hex digits.
         #[arg(long)]
         sha: String,
-        /// Drain deadline (default: deploy.drain_deadline).
-        #[arg(long)]
-        deadline: Option<String>,
-        /// Hang up calls still up at the drain deadline.
-        #[arg(long)]
-        shed: bool,
-        /// Print one JSON result instead of the steps.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        switch: SwitchArgs,
     },
     /// Go back to the previous verified release, with the same drain and checks.
     Rollback {
-        /// Drain deadline (default: deploy.drain_deadline).
-        #[arg(long)]
-        deadline: Option<String>,
-        /// Hang up calls still up at the drain deadline.
-        #[arg(long)]
-        shed: bool,
-        /// Print one JSON result instead of the steps.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        switch: SwitchArgs,
     },
     /// List the kept releases: SHA, when deployed, result, which is current.
     Releases {
@@ -108,6 +94,34 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// What `deploy` and `rollback` share.
+#[derive(Debug, clap::Args)]
+struct SwitchArgs {
+    /// Drain deadline (default: deploy.drain_deadline).
+    #[arg(long)]
+    deadline: Option<String>,
+    /// Hang up calls still up at the drain deadline.
+    #[arg(long)]
+    shed: bool,
+    /// Print one JSON result instead of the steps.
+    #[arg(long)]
+    json: bool,
+}
+
+impl SwitchArgs {
+    /// Asks the running agent at `path` (with `sha` for a deploy).
+    fn run(
+        self,
+        config_path: &std::path::Path,
+        path: &str,
+        sha: Option<String>,
+    ) -> Result<ExitCode, AgentError> {
+        let config = config::load(config_path)?;
+        let body = serde_json::json!({"sha": sha, "deadline": self.deadline, "shed": self.shed});
+        runtime()?.block_on(deploy::job::client(&config, path, body, self.json))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -259,25 +273,8 @@ fn dispatch(cli: Cli) -> Result<ExitCode, AgentError> {
                 ExitCode::from(2)
             })
         }
-        Command::Deploy {
-            sha,
-            deadline,
-            shed,
-            json,
-        } => {
-            let config = config::load(&cli.config)?;
-            let body = serde_json::json!({"sha": sha, "deadline": deadline, "shed": shed});
-            runtime()?.block_on(deploy::job::client(&config, "/local/deploy", body, json))
-        }
-        Command::Rollback {
-            deadline,
-            shed,
-            json,
-        } => {
-            let config = config::load(&cli.config)?;
-            let body = serde_json::json!({"deadline": deadline, "shed": shed});
-            runtime()?.block_on(deploy::job::client(&config, "/local/rollback", body, json))
-        }
+        Command::Deploy { sha, switch } => switch.run(&cli.config, "/local/deploy", Some(sha)),
+        Command::Rollback { switch } => switch.run(&cli.config, "/local/rollback", None),
         Command::Releases { json } => {
             let config = config::load(&cli.config)?;
             let d = config

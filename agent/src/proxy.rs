@@ -30,12 +30,12 @@
 //!
 //! A body whose `data.event_type` is `callfence.probe` is only ever
 //! admitted as a probe: it needs a probe assertion
-//! ([`assertion::verify_probe`]) naming this node, whose `event_id` is the
+//! ([`assertion::verify`] of [`ProbeClaims`]) naming this node, whose `event_id` is the
 //! body's nonce, and no Telnyx signature. A verified probe is handed to the
 //! app at once with `Callfence-Probe: <nonce>` (whatever the mode: it is the
 //! one forward a drained or shadow node admits) and the app's answer is
 //! returned as it is. It never touches the ledger. Any other body needs a
-//! webhook assertion, which [`assertion::verify`] never grants to a probe.
+//! webhook assertion ([`Claims`]), never granted to a probe.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +46,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use callfence_core::assertion::{Claims, ProbeClaims};
 use callfence_core::{assertion, probe, telnyx};
 use serde_json::json;
 use tokio::sync::watch;
@@ -160,14 +161,7 @@ async fn webhook(State(agent): State<Arc<Agent>>, headers: HeaderMap, body: Byte
     };
     if let Some(parsed) = probe::parse_body(&body) {
         return match parsed {
-            Ok(p) if p.node == cfg.node => match assertion::verify_probe(
-                header,
-                &cfg.edge_keys,
-                &cfg.node,
-                &body,
-                now,
-                cfg.timing.assertion_skew_s,
-            ) {
+            Ok(p) if p.node == cfg.node => match admit::<ProbeClaims>(cfg, header, &body, now) {
                 Ok(claims) if claims.event_id == p.nonce => {
                     probe_to_app(&agent, &p.nonce, body).await
                 }
@@ -178,14 +172,7 @@ async fn webhook(State(agent): State<Arc<Agent>>, headers: HeaderMap, body: Byte
             Err(e) => refuse(e.code(), None),
         };
     }
-    let claims = match assertion::verify(
-        header,
-        &cfg.edge_keys,
-        &cfg.node,
-        &body,
-        now,
-        cfg.timing.assertion_skew_s,
-    ) {
+    let claims = match admit::<Claims>(cfg, header, &body, now) {
         Ok(c) => c,
         Err(e) => return refuse(e.code(), None),
     };
@@ -216,6 +203,23 @@ async fn webhook(State(agent): State<Arc<Agent>>, headers: HeaderMap, body: Byte
         attempts: 0,
     };
     deliver(agent, pending, true).await.into_response()
+}
+
+/// Verifies an assertion of kind `K` for this node and `body`.
+fn admit<K: assertion::Kind>(
+    cfg: &crate::config::Config,
+    header: &str,
+    body: &[u8],
+    now: i64,
+) -> Result<K, assertion::AssertionError> {
+    assertion::verify::<K>(
+        header,
+        &cfg.edge_keys,
+        &cfg.node,
+        body,
+        now,
+        cfg.timing.assertion_skew_s,
+    )
 }
 
 /// Hands a verified probe to the app and returns its answer as it is (the

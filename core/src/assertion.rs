@@ -10,8 +10,8 @@
 //!
 //! Two kinds exist: a webhook's [`Claims`] (session, leg, epoch, attempt)
 //! and a probe's [`ProbeClaims`] (`"probe": true`, none of those; SPEC §14).
-//! [`verify`] admits only the first and [`verify_probe`] only the second
-//! (a payload of the other kind is [`AssertionError::WrongKind`]), so a
+//! [`verify`] admits only the [`Kind`] it is asked for (a payload of the
+//! other kind is [`AssertionError::WrongKind`]), so a
 //! webhook assertion can never carry a probe and a probe assertion can never
 //! carry a call.
 
@@ -202,57 +202,44 @@ struct Common {
     exp: i64,
 }
 
-/// Verifies a webhook's assertion header for `node` and the raw `body` it
-/// came with, against the pinned edge keys, allowing `skew_s` seconds of
+/// A kind of assertion: [`Claims`] (a webhook) or [`ProbeClaims`] (a probe).
+pub trait Kind: serde::de::DeserializeOwned {
+    /// True when the payload is of this kind (checked after the common
+    /// checks, before the payload is read as this type).
+    fn is_kind(payload: &serde_json::Value) -> bool;
+}
+
+impl Kind for Claims {
+    /// A webhook assertion never carries the probe flag.
+    fn is_kind(payload: &serde_json::Value) -> bool {
+        payload.get("probe").is_none()
+    }
+}
+
+impl Kind for ProbeClaims {
+    /// A probe assertion is `"probe": true` and names no session, leg,
+    /// epoch or attempt.
+    fn is_kind(payload: &serde_json::Value) -> bool {
+        let call_fields = ["call_session_id", "call_control_id", "epoch", "attempt"];
+        payload.get("probe") == Some(&serde_json::Value::Bool(true))
+            && call_fields.iter().all(|f| payload.get(f).is_none())
+    }
+}
+
+/// Verifies an assertion header of kind `K` for `node` and the raw `body`
+/// it came with, against the pinned edge keys, allowing `skew_s` seconds of
 /// clock skew (negative counts as 0). Returns the claims when every check
-/// holds; a probe assertion is [`AssertionError::WrongKind`].
+/// holds; an assertion of the other kind is [`AssertionError::WrongKind`].
 ///
 /// Order: shape, kid, signature, claims JSON and issuer, time, node, body, kind.
-pub fn verify(
+pub fn verify<K: Kind>(
     header: &str,
     pinned: &[(String, VerifyingKey)],
     node: &str,
     body: &[u8],
     now_ms: i64,
     skew_s: i64,
-) -> Result<Claims, AssertionError> {
-    let payload = open(header, pinned, node, body, now_ms, skew_s)?;
-    if payload.get("probe").is_some() {
-        return Err(AssertionError::WrongKind);
-    }
-    serde_json::from_value(payload).map_err(|_| AssertionError::Malformed)
-}
-
-/// Verifies a probe's assertion like [`verify`]; a webhook assertion (one
-/// without `"probe": true`, or naming a session, leg, epoch or attempt) is
-/// [`AssertionError::WrongKind`].
-pub fn verify_probe(
-    header: &str,
-    pinned: &[(String, VerifyingKey)],
-    node: &str,
-    body: &[u8],
-    now_ms: i64,
-    skew_s: i64,
-) -> Result<ProbeClaims, AssertionError> {
-    let payload = open(header, pinned, node, body, now_ms, skew_s)?;
-    let call_fields = ["call_session_id", "call_control_id", "epoch", "attempt"];
-    if payload.get("probe") != Some(&serde_json::Value::Bool(true))
-        || call_fields.iter().any(|f| payload.get(f).is_some())
-    {
-        return Err(AssertionError::WrongKind);
-    }
-    serde_json::from_value(payload).map_err(|_| AssertionError::Malformed)
-}
-
-/// The checks common to both kinds; returns the payload's JSON object.
-fn open(
-    header: &str,
-    pinned: &[(String, VerifyingKey)],
-    node: &str,
-    body: &[u8],
-    now_ms: i64,
-    skew_s: i64,
-) -> Result<serde_json::Value, AssertionError> {
+) -> Result<K, AssertionError> {
     if header.len() > MAX_HEADER_BYTES {
         return Err(AssertionError::Malformed);
     }
@@ -296,7 +283,10 @@ fn open(
     if !ct_eq(claims.body_sha256.as_bytes(), sha256_hex(body).as_bytes()) {
         return Err(AssertionError::BodyMismatch);
     }
-    Ok(value)
+    if !K::is_kind(&value) {
+        return Err(AssertionError::WrongKind);
+    }
+    serde_json::from_value(value).map_err(|_| AssertionError::Malformed)
 }
 
 #[cfg(test)]
@@ -305,6 +295,12 @@ mod tests {
     use proptest::prelude::*;
 
     const NOW_MS: i64 = 1_796_000_000_500;
+
+    /// The webhook kind, which most of these tests check.
+    #[allow(non_upper_case_globals)]
+    const verify: VerifyFn<Claims> = super::verify::<Claims>;
+    type VerifyFn<K> =
+        fn(&str, &[(String, VerifyingKey)], &str, &[u8], i64, i64) -> Result<K, AssertionError>;
     const BODY: &[u8] = br#"{"data":{"id":"ev-1"}}"#;
 
     fn edge_key() -> SigningKey {
@@ -495,7 +491,7 @@ mod tests {
         let pc = probe_claims_for("M3", "n0nce-n0nce-n0nce", probe_body, NOW_MS);
         let pt = mint("e1", &edge_key(), &pc);
         assert_eq!(
-            verify_probe(&pt, &pinned(), "M3", probe_body, NOW_MS, 10),
+            super::verify::<ProbeClaims>(&pt, &pinned(), "M3", probe_body, NOW_MS, 10),
             Ok(pc.clone())
         );
         let json: serde_json::Value =
@@ -523,7 +519,7 @@ mod tests {
             NOW_MS,
         );
         let wt = mint("e1", &edge_key(), &wc);
-        let got = verify_probe(&wt, &pinned(), "M3", probe_body, NOW_MS, 10);
+        let got = super::verify::<ProbeClaims>(&wt, &pinned(), "M3", probe_body, NOW_MS, 10);
         assert_eq!(got, Err(AssertionError::WrongKind));
         assert_eq!(got.unwrap_err().code(), "wrong_kind");
         // A webhook assertion with a stray probe flag is refused both ways.
@@ -531,7 +527,7 @@ mod tests {
         forged["probe"] = serde_json::Value::Bool(true);
         let ft = mint("e1", &edge_key(), &forged);
         assert_eq!(
-            verify_probe(&ft, &pinned(), "M3", probe_body, NOW_MS, 10),
+            super::verify::<ProbeClaims>(&ft, &pinned(), "M3", probe_body, NOW_MS, 10),
             Err(AssertionError::WrongKind)
         );
         assert_eq!(
@@ -540,11 +536,11 @@ mod tests {
         );
         // The common checks still apply to probes.
         assert_eq!(
-            verify_probe(&pt, &pinned(), "M4", probe_body, NOW_MS, 10),
+            super::verify::<ProbeClaims>(&pt, &pinned(), "M4", probe_body, NOW_MS, 10),
             Err(AssertionError::WrongNode)
         );
         assert_eq!(
-            verify_probe(&pt, &pinned(), "M3", b"{}", NOW_MS, 10),
+            super::verify::<ProbeClaims>(&pt, &pinned(), "M3", b"{}", NOW_MS, 10),
             Err(AssertionError::BodyMismatch)
         );
     }

@@ -33,6 +33,33 @@ async function hangUp(c, call) {
   return c.deliver(body);
 }
 
+/**
+ * Watches the edge's view of M1 every 50 ms: each time it is eligible on
+ * `sha` and `wrong()` holds, the view is recorded. `stop()` returns them.
+ */
+function watchEligible(c, sha, wrong) {
+  let watching = true;
+  const seen = [];
+  const loop = (async () => {
+    while (watching) {
+      try {
+        const n = await c.nodeStatus("M1");
+        if (n.eligible && n.sha === sha && (await wrong())) seen.push(n);
+      } catch {
+        // the agent or app restarting
+      }
+      await sleep(50);
+    }
+  })();
+  return {
+    stop: async () => {
+      watching = false;
+      await loop;
+      return seen;
+    },
+  };
+}
+
 /** Waits until M1 is back: live on `sha`, app reporting it, mode active, eligible. */
 async function settledOn(c, sha) {
   const m1 = c.nodes.M1;
@@ -56,23 +83,8 @@ describe("callfence-agent deploy", () => {
     const good = m1.commit("good-1", { "app.txt": "release 2\n" });
     const call = await openCall(c);
 
-    // Watch the edge's view: eligible on the new SHA must imply the app already answered a probe.
-    let watching = true;
-    const violations = [];
-    const watcher = (async () => {
-      while (watching) {
-        try {
-          const n = await c.nodeStatus("M1");
-          if (n.eligible && n.sha === good) {
-            const probes = (await (await fetch(`${m1.appUrl}/demo/events`)).json()).probes;
-            if (!probes.length) violations.push(n);
-          }
-        } catch {
-          // the app restarting
-        }
-        await sleep(50);
-      }
-    })();
+    // Eligible on the new SHA must imply that the (new) app already answered a probe.
+    const watch = watchEligible(c, good, async () => (await (await fetch(`${m1.appUrl}/demo/events`)).json()).probes.length === 0);
 
     const running = m1.deployCli("deploy", "--sha", good, "--json");
     await c.waitNode("M1", "drained for the deploy", (n) => n.mode === "drained");
@@ -89,8 +101,7 @@ describe("callfence-agent deploy", () => {
     assert.equal(hung.body.delivered_to, "M1");
 
     const { code, out, stderr } = await running;
-    watching = false;
-    await watcher;
+    const violations = await watch.stop();
     assert.equal(code, 0, `${stderr} ${JSON.stringify(out)}`);
     assert.equal(out.ok, true);
     assert.equal(out.live, good);
@@ -200,23 +211,10 @@ describe("callfence-agent deploy", () => {
     assert.equal(journalExists(m1), true, "the journal survives the crash");
     assert.equal(m1.cli("mode", "get").stdout.trim(), "drained");
 
-    let watching = true;
-    const bad = [];
-    const watcher = (async () => {
-      while (watching) {
-        try {
-          const n = await c.nodeStatus("M1");
-          if (n.eligible && n.sha === target) bad.push(n);
-        } catch {
-          // restarting
-        }
-        await sleep(50);
-      }
-    })();
+    const watch = watchEligible(c, target, async () => true);
     await m1.startAgent();
     await waitFor("the recovery", async () => (await m1.local("/local/deploy")).body.result, { timeout: 40_000 });
-    watching = false;
-    await watcher;
+    const bad = await watch.stop();
     const job = (await m1.local("/local/deploy")).body;
     assert.equal(job.kind, "recover");
     assert.equal(job.result.restored, true, JSON.stringify(job.result));
