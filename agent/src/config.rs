@@ -545,6 +545,20 @@ fn validate_deploy(d: RawDeploy, runtime_checkout: &Path) -> Result<DeployConfig
     if remote.is_empty() || remote.starts_with('-') || remote.len() > 1024 {
         return Err(err("deploy.remote must be a git URL or path"));
     }
+    if let Some((_, rest)) = remote.split_once("://") {
+        let authority = rest.split('/').next().unwrap_or_default();
+        if authority.contains('@')
+            && authority
+                .split('@')
+                .next()
+                .unwrap_or_default()
+                .contains(':')
+        {
+            return Err(err(
+                "deploy.remote must not carry a password: use a git credential helper or an SSH key",
+            ));
+        }
+    }
     check_durable(&d.releases_dir, "deploy.releases_dir")?;
     if !d.current.is_absolute() {
         return Err(err("deploy.current must be an absolute path"));
@@ -741,6 +755,10 @@ mod tests {
             ok.replace("unit = \"voice-app.service\"", ""),
             format!("{ok}\nartifacts = [\"../x\"]"),
             format!("{ok}\nkeep = 0"),
+            ok.replace(
+                "/srv/git/app.git",
+                "https://bot:s3cret@git.example.com/app.git",
+            ),
             format!("{ok}\nhealth_timeout = \"soon\""),
         ] {
             assert!(from_toml(&with(&bad)).is_err(), "{bad}");
