@@ -7,6 +7,15 @@
 // Everything it generates lives in the git-ignored .dev/ (secrets and keys
 // on first run, mode 0600). Ctrl-C (SIGINT) or SIGTERM stops every child.
 //
+// Each node runs its demo app from a releases layout (SPEC §14):
+// .dev/nodes/<node>/releases/<sha> checkouts of the demo app repository
+// .dev/demo-app (seeded with two commits; the nodes start on the first) and
+// .dev/nodes/<node>/current, the runtime checkout. The agents' [deploy]
+// restart command (scripts/dev-restart.mjs) asks this script's supervisor
+// endpoint to stop the node's app and start it again from `current`, so
+//   callfence-agent --config .dev/nodes/M3/agent.toml deploy --sha $(git -C .dev/demo-app rev-parse HEAD)
+// works against the local stack.
+//
 // Environment: CALLFENCE_DEV_DIR (default <repo>/.dev; absolute, not under
 // /tmp), CALLFENCE_DEV_PORT (dispatcher, default 8787),
 // CALLFENCE_DEV_TELNYX_PORT (fake Telnyx API, default 8790; 0 picks free
@@ -20,6 +29,8 @@ import {
   chmodSync,
   closeSync,
   existsSync,
+  readlinkSync,
+  symlinkSync,
   mkdirSync,
   readdirSync,
   openSync,
@@ -58,6 +69,7 @@ export const paths = {
   mediaKey: join(DEV, "keys", "media-key"),
   telnyxApiKey: join(DEV, "keys", "telnyx-api-key"),
   state: join(DEV, "state"),
+  demoApp: join(DEV, "demo-app"),
   logs: join(DEV, "logs"),
   pids: join(DEV, "pids.json"),
 };
@@ -131,8 +143,59 @@ function registryKey(n) {
   return { kid, key };
 }
 
+function git(dir, ...args) {
+  return execFileSync(
+    "git",
+    ["-c", "user.name=callfence dev", "-c", "user.email=dev@localhost", "-c", "commit.gpgsign=false",
+      "-c", "core.hooksPath=/dev/null", "-C", dir, ...args],
+    { stdio: ["ignore", "pipe", "pipe"], encoding: "utf8" },
+  ).trim();
+}
+
+/** The demo app repository every node deploys from: two commits at first. */
+function ensureDemoAppRepo() {
+  const repo = paths.demoApp;
+  if (existsSync(join(repo, ".git"))) return git(repo, "rev-list", "--max-parents=0", "HEAD").split("\n")[0];
+  rmSync(repo, { recursive: true, force: true });
+  mkdirSync(repo, { recursive: true });
+  git(repo, "init", "-q");
+  writeFileSync(join(repo, "README.md"), "The callfence demo voice app (callfence-demo-app runs from each release).\n");
+  git(repo, "add", "README.md");
+  git(repo, "commit", "-q", "--no-verify", "-m", "demo app, release 1");
+  const first = git(repo, "rev-parse", "HEAD");
+  writeFileSync(join(repo, "CHANGELOG.md"), "release 2: something to deploy\n");
+  git(repo, "add", "CHANGELOG.md");
+  git(repo, "commit", "-q", "--no-verify", "-m", "demo app, release 2");
+  return first;
+}
+
+/** releases/<first sha> and `current` for node `n`, unless it has them. */
+function ensureReleases(n, firstSha) {
+  const dir = nodeDir(n);
+  const current = join(dir, "current");
+  const releases = join(dir, "releases");
+  let linked = false;
+  try {
+    readlinkSync(current);
+    linked = true;
+  } catch {
+    // no current yet
+  }
+  if (!linked) {
+    const release = join(releases, firstSha);
+    rmSync(release, { recursive: true, force: true });
+    mkdirSync(release, { recursive: true });
+    git(release, "init", "-q");
+    git(release, "fetch", "-q", "--no-tags", paths.demoApp, firstSha);
+    git(release, "checkout", "-q", "--detach", firstSha);
+    rmSync(current, { force: true });
+    symlinkSync(release, current);
+  }
+  return { current, releases };
+}
+
 /** Key file, runtime checkout, state dir and agent.toml of one demo node. */
-function prepareNode(n, secrets, edgeUrl, telnyxUrl) {
+function prepareNode(n, secrets, edgeUrl, telnyxUrl, supervisorUrl, firstSha) {
   const dir = nodeDir(n);
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   const { kid, key } = registryKey(n);
@@ -143,23 +206,8 @@ function prepareNode(n, secrets, edgeUrl, telnyxUrl) {
   }
   if (!existsSync(keyPath)) writeSecret(keyPath, `${seed.toString("base64")}\n`);
 
-  // The runtime checkout: a one-commit git repository, so the SHA is clean.
-  const checkout = join(DEV, "checkouts", n.node);
-  if (!existsSync(join(checkout, ".git"))) {
-    rmSync(checkout, { recursive: true, force: true });
-    mkdirSync(checkout, { recursive: true });
-    writeFileSync(join(checkout, "README.md"), `Runtime checkout of the callfence demo node ${n.node}.\n`);
-    const git = (...args) =>
-      execFileSync(
-        "git",
-        ["-c", "user.name=callfence dev", "-c", "user.email=dev@localhost", "-c", "commit.gpgsign=false",
-          "-c", "core.hooksPath=/dev/null", "-C", checkout, ...args],
-        { stdio: ["ignore", "ignore", "pipe"] },
-      );
-    git("init", "-q");
-    git("add", "README.md");
-    git("commit", "-q", "--no-verify", "-m", `demo node ${n.node}`);
-  }
+  // The runtime checkout: `current`, a symlink to a clean detached release.
+  const { current: checkout, releases } = ensureReleases(n, firstSha);
 
   const state = join(dir, "state");
   const config = join(dir, "agent.toml");
@@ -202,6 +250,15 @@ source = "app"
 heartbeat_interval_ms = 2000
 valid_for_s = 10
 upkeep_interval_ms = 10000
+
+[deploy]
+remote = "${paths.demoApp}"
+releases_dir = "${releases}"
+current = "${checkout}"
+restart = "node ${join(ROOT, "scripts", "dev-restart.mjs")} ${supervisorUrl}/restart/${n.node}"
+health_timeout = "20s"
+drain_deadline = "5m"
+keep = 3
 `,
     { mode: 0o600 },
   );
@@ -338,6 +395,50 @@ async function waitFor(what, check, timeoutMs = 15000) {
   }
 }
 
+// ------------------------------------------------------------ supervisor ----
+
+const apps = {};
+
+/** Starts node `n`'s demo app from its `current` release. */
+function startApp(n) {
+  const lineArgs = n.lines.flatMap((id) => ["--line", `${id}=${LINES[id]}`]);
+  apps[n.node] = start(`${n.node}-app`, join(BIN_DIR, "callfence-demo-app"), [
+    "--listen", `127.0.0.1:${n.app}`, "--agent", `http://127.0.0.1:${n.local}`,
+    "--checkout", join(nodeDir(n), "current"), ...lineArgs,
+  ]);
+}
+
+/** The agents' restart command (scripts/dev-restart.mjs) lands here:
+ * `POST /restart/<node>` stops that node's app and starts it again from
+ * `current`; 200 once the new one listens. */
+function startSupervisor() {
+  const server = createServer(async (req, res) => {
+    const n = NODES.find((x) => req.method === "POST" && req.url === `/restart/${x.node}`);
+    if (!n) {
+      res.writeHead(404).end();
+      return;
+    }
+    const old = apps[n.node];
+    if (old && alive(old)) {
+      old.kill("SIGTERM");
+      await Promise.race([old.exited, sleep(5000)]);
+      if (alive(old)) old.kill("SIGKILL");
+      await old.exited;
+    }
+    const i = children.indexOf(old);
+    if (i >= 0) children.splice(i, 1);
+    startApp(n);
+    say(`${n.node}: app restarted from ${readlinkSync(join(nodeDir(n), "current"))}`);
+    try {
+      await waitFor(`${n.node}'s app`, async () => (await fetch(`http://127.0.0.1:${n.app}/callfence/status`)).ok, 10000);
+      res.writeHead(200).end("restarted\n");
+    } catch (e) {
+      res.writeHead(500).end(`${e.message}\n`);
+    }
+  });
+  return new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve(server)));
+}
+
 // ------------------------------------------------------------ fake Telnyx ----
 
 /** The shared fake Telnyx API (`callfence-fake-telnyx`), wanting the dev API
@@ -453,6 +554,8 @@ async function shutdown(code) {
   await Promise.race([Promise.all(children.map((c) => c.exited)), sleep(6000)]);
   for (const c of children) if (alive(c)) c.kill("SIGKILL");
   await Promise.all(children.map((c) => c.exited));
+  running.supervisor?.closeAllConnections();
+  running.supervisor?.close();
   // workerd may already be gone (Ctrl-C reaches the whole process group).
   await Promise.race([running.mf?.dispose().catch(() => {}), sleep(5000)]);
   if (started) rmSync(paths.pids, { force: true });
@@ -506,12 +609,12 @@ async function main() {
   say(`node registry: ${await loadDocument(url, secrets.adminToken, "/v1/nodes", "nodes.example.json")}`);
   say(`routing policy: ${await loadDocument(url, secrets.adminToken, "/v1/policy", "policy.example.json")}`);
 
+  running.supervisor = await startSupervisor();
+  const supervisorUrl = `http://127.0.0.1:${running.supervisor.address().port}`;
+  const firstSha = ensureDemoAppRepo();
   for (const n of NODES) {
-    const config = prepareNode(n, secrets, url, telnyxUrl);
-    const lineArgs = n.lines.flatMap((id) => ["--line", `${id}=${LINES[id]}`]);
-    start(`${n.node}-app`, join(BIN_DIR, "callfence-demo-app"), [
-      "--listen", `127.0.0.1:${n.app}`, "--agent", `http://127.0.0.1:${n.local}`, ...lineArgs,
-    ]);
+    const config = prepareNode(n, secrets, url, telnyxUrl, supervisorUrl, firstSha);
+    startApp(n);
     start(`${n.node}-agent`, join(BIN_DIR, "callfence-agent"), ["--config", config, "run"]);
   }
   for (const n of NODES) {
@@ -578,6 +681,7 @@ ${rows.join("\n") || "    (no status yet)"}
 ${lines.join("\n") || "    (no status yet)"}
 
   try:  make demo-call             (a signed call.initiated for +15102160079)
+        ${join(BIN_DIR, "callfence-agent")} --config ${join(nodeDir(NODES[2]), "agent.toml")} deploy --sha $(git -C ${paths.demoApp} rev-parse HEAD)
         curl -H "Authorization: Bearer $(cat ${paths.adminToken})" ${url}/v1/status
 
 `);

@@ -22,8 +22,8 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo test --workspace"
-cargo test --workspace
+step "cargo test --workspace (the simulation's debug build runs a short form; the release run below runs it in full)"
+CALLFENCE_SIM_SCHEDULES=20 cargo test --workspace
 
 step "cargo doc (no deps, -D warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps

@@ -1,7 +1,9 @@
 //! Forwarding one webhook to its owner's origin: the stored raw body and
 //! Telnyx headers, a fresh `Callfence-Assertion`, no redirects followed,
-//! within the forward budget. Used by the Worker (first attempts) and by
-//! the Dispatcher's alarm (re-drives).
+//! within the forward budget. Used by the Worker (first attempts), by
+//! the Dispatcher's alarm (re-drives), and for the L5 probe (SPEC §14:
+//! [`send_probe`], the same request and exchange with a probe body and a
+//! probe assertion).
 
 use crate::config::EdgeKey;
 use callfence_core::assertion;
@@ -42,6 +44,33 @@ pub async fn send_timed(
     let Ok(request) = build(forward, edge, now_ms) else {
         return (ReportedAnswer::NetworkError, 0);
     };
+    exchange(request, budget_ms).await
+}
+
+/// Sends the L5 probe with `nonce` to `node`'s registered `origin_url`:
+/// the probe body, `content-type: application/json` and a probe assertion,
+/// through the same exchange as a webhook. Returns the origin's answer and
+/// the milliseconds spent awaiting it.
+pub async fn send_probe(
+    node: &str,
+    origin_url: &str,
+    nonce: &str,
+    edge: &EdgeKey,
+    budget_ms: i64,
+    now_ms: i64,
+) -> (ReportedAnswer, i64) {
+    let body = callfence_core::probe::body(node, nonce);
+    let claims = assertion::probe_claims_for(node, nonce, body.as_bytes(), now_ms);
+    let headers = [("content-type".to_string(), "application/json".to_string())];
+    let token = assertion::mint(&edge.kid, &edge.signing, &claims);
+    let Ok(request) = request(origin_url, &headers, body, &token) else {
+        return (ReportedAnswer::NetworkError, 0);
+    };
+    exchange(request, budget_ms).await
+}
+
+/// Awaits the origin's answer (status and body) within `budget_ms`.
+async fn exchange(request: Request, budget_ms: i64) -> (ReportedAnswer, i64) {
     let awaiting = crate::clock::now_ms();
     let controller = AbortController::default();
     let signal = controller.signal();
@@ -90,20 +119,34 @@ fn build(forward: &Forward, edge: &EdgeKey, now_ms: i64) -> worker::Result<Reque
         forward.body.as_bytes(),
         now_ms,
     );
-    let headers = Headers::new();
-    for (name, value) in &forward.headers {
+    let token = assertion::mint(&edge.kid, &edge.signing, &claims);
+    request(
+        &forward.origin_url,
+        &forward.headers,
+        forward.body.clone(),
+        &token,
+    )
+}
+
+/// A POST of `body` to `url` with the carried `headers`, the assertion
+/// `token`, and redirects not followed.
+fn request(
+    url: &str,
+    headers: &[(String, String)],
+    body: String,
+    token: &str,
+) -> worker::Result<Request> {
+    let carried = Headers::new();
+    for (name, value) in headers {
         if CARRIED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-            headers.set(name, value)?;
+            carried.set(name, value)?;
         }
     }
-    headers.set(
-        "Callfence-Assertion",
-        &assertion::mint(&edge.kid, &edge.signing, &claims),
-    )?;
+    carried.set(assertion::HEADER, token)?;
     let mut init = RequestInit::new();
     init.with_method(Method::Post)
-        .with_headers(headers)
-        .with_body(Some(forward.body.clone().into()))
+        .with_headers(carried)
+        .with_body(Some(body.into()))
         .with_redirect(RequestRedirect::Manual);
-    Request::new_with_init(&forward.origin_url, &init)
+    Request::new_with_init(url, &init)
 }

@@ -17,6 +17,7 @@
 //! - [`ingress`]: carrier webhooks: ask, forward, report, answer.
 //! - [`forward`]: one forward to an origin, with the assertion.
 //! - [`node_routes`]: heartbeat, fence, claims, media checks.
+//! - [`probe`]: the L5 probe `POST /v1/nodes/probe` (SPEC §14).
 //! - [`panel`]: documents, preview, status, decisions, calls.
 //! - [`dashboard`]: the read-only page at `/`.
 //! - [`reply`]: JSON replies, error codes to HTTP, body size limits.
@@ -50,6 +51,7 @@ pub mod log;
 pub mod node_keys;
 pub mod node_routes;
 pub mod panel;
+pub mod probe;
 pub mod protocol;
 pub mod refusal;
 pub mod reply;

@@ -1,6 +1,6 @@
 //! Node-signed routes after the signature check: heartbeat, fence, claims
 //! and media checks go to the Dispatcher with their body as the payload
-//! (SPEC §6, §8).
+//! (SPEC §6, §8); the L5 probe is [`crate::probe`]'s.
 
 use crate::protocol::{self, Request};
 use crate::reply::{relay, Answer, ApiError};
@@ -28,6 +28,7 @@ pub async fn handle(
         Route::Fence => Request::Fence { node, kid },
         Route::Claims => Request::Claim { node, kid },
         Route::MediaVerify => Request::MediaVerify { node, kid },
+        Route::Probe => return crate::probe::handle(env, &node, &kid, &body).await,
         _ => return Err(ApiError::not_found()),
     };
     relay(protocol::call(env, &request, &body).await)

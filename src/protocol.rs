@@ -58,6 +58,7 @@
 //! | `PutDocument` (`kind`, `if_match`?, `writer_fp`) | the document | [`Written`] |
 //! | `Preview` | the request body | the §13 preview, relayed |
 //! | `Status`, `Decisions` (`limit`?, `call_session_id`?), `Call` (`id`) | none | the §13 views, relayed |
+//! | `Probe` (`node`, `kid`) | none | [`ProbeTarget`], or 429 `rate_limited` |
 //! | `Profile` | none | the Dispatcher's time per operation (`dispatcher::profile`; `make bench` only) |
 //!
 //! Refusals carry the HTTP status and the contract's error code; the
@@ -188,6 +189,14 @@ pub enum Request {
     /// Where the Dispatcher's time went, per operation (for `make bench`;
     /// no public route serves it).
     Profile,
+    /// Admit a node's L5 probe under its rate limit and name its registered
+    /// origin (SPEC §14).
+    Probe {
+        /// `Callfence-Node`.
+        node: String,
+        /// `Callfence-Key-Id`.
+        kid: String,
+    },
 }
 
 impl Request {
@@ -209,6 +218,7 @@ impl Request {
             Request::Decisions { .. } => "decisions",
             Request::Call { .. } => "call",
             Request::Profile => "profile",
+            Request::Probe { .. } => "probe",
         }
     }
 
@@ -221,6 +231,7 @@ impl Request {
             | Request::Heartbeat { .. }
             | Request::Fence { .. }
             | Request::Claim { .. }
+            | Request::Probe { .. }
             | Request::PutDocument { .. } => true,
             Request::Ping
             | Request::NodeKeys
@@ -373,6 +384,13 @@ pub struct NodeKeys {
     pub revision: u64,
     /// Every key of every node.
     pub keys: Vec<NodeKey>,
+}
+
+/// `Probe`'s result: where to send the probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeTarget {
+    /// The node's registered origin URL.
+    pub origin_url: String,
 }
 
 /// `GetDocument`'s result.

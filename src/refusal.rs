@@ -38,6 +38,9 @@ pub enum Refusal {
     InProgress,
     /// The Dispatcher is shedding load (503 `overloaded`, `Retry-After: 1`).
     Overloaded,
+    /// A node probed again within the probe interval (429 `rate_limited`,
+    /// with the seconds to wait as `Retry-After` and `retry_after_s`).
+    ProbeRateLimited(u32),
     /// Parked (503 `no_policy` / `no_eligible_node`, `Retry-After: 1`).
     Pending(PendingReason),
     /// The session moved and the alarm delivers (503 `reassigned`).
@@ -89,6 +92,7 @@ impl Refusal {
             | Refusal::Reassigned
             | Refusal::DeliveryUnknown => 503,
             Refusal::UnknownCall | Refusal::NoPolicy => 404,
+            Refusal::ProbeRateLimited(_) => 429,
             Refusal::Document(d) => match d {
                 DocumentRefusal::PreconditionRequired => 428,
                 DocumentRefusal::BadPrecondition
@@ -115,6 +119,7 @@ impl Refusal {
             Refusal::BadEnvelope => "bad_envelope",
             Refusal::InProgress => "in_progress",
             Refusal::Overloaded => "overloaded",
+            Refusal::ProbeRateLimited(_) => "rate_limited",
             Refusal::Pending(reason) => reason.code(),
             Refusal::Reassigned => "reassigned",
             Refusal::DeliveryUnknown => "delivery_unknown",
@@ -140,6 +145,7 @@ impl Refusal {
             Refusal::Pending(PendingReason::NoPolicy | PendingReason::NoEligibleNode)
             | Refusal::NoPolicy
             | Refusal::Overloaded => Some(1),
+            Refusal::ProbeRateLimited(seconds) => Some(*seconds),
             Refusal::UnknownNodeKey
             | Refusal::StaleSeq
             | Refusal::InvalidHeartbeat(_)
@@ -177,6 +183,7 @@ impl Refusal {
                 json!({"details": details})
             }
             Refusal::Document(DocumentRefusal::NodeInUse(node)) => json!({"node": node}),
+            Refusal::ProbeRateLimited(seconds) => json!({"retry_after_s": seconds}),
             _ => Json::Null,
         }
     }
@@ -240,6 +247,7 @@ mod tests {
             Refusal::BadEnvelope,
             Refusal::InProgress,
             Refusal::Overloaded,
+            Refusal::ProbeRateLimited(4),
             Refusal::Pending(PendingReason::NoEligibleNode),
             Refusal::Reassigned,
             Refusal::DeliveryUnknown,
@@ -256,7 +264,10 @@ mod tests {
             assert_eq!(r.body["error"], refusal.code());
             let parked = matches!(
                 refusal,
-                Refusal::Pending(_) | Refusal::NoPolicy | Refusal::Overloaded
+                Refusal::Pending(_)
+                    | Refusal::NoPolicy
+                    | Refusal::Overloaded
+                    | Refusal::ProbeRateLimited(_)
             );
             assert_eq!(r.retry_after_s.is_some(), parked, "{refusal:?}");
         }

@@ -34,6 +34,8 @@ pub enum Route {
     Claims,
     /// `POST /v1/media/verify`.
     MediaVerify,
+    /// `POST /v1/nodes/probe`: the L5 probe (SPEC §14).
+    Probe,
     /// `GET /v1/policy`.
     GetPolicy,
     /// `PUT /v1/policy`.
@@ -78,6 +80,7 @@ impl Route {
             "/v1/fence" => (&["POST"], |_| Route::Fence),
             "/v1/claims" => (&["POST"], |_| Route::Claims),
             "/v1/media/verify" => (&["POST"], |_| Route::MediaVerify),
+            "/v1/nodes/probe" => (&["POST"], |_| Route::Probe),
             "/v1/policy" => (&["GET", "PUT"], |m| {
                 if m == "GET" {
                     Route::GetPolicy
@@ -119,7 +122,7 @@ impl Route {
             Route::Healthz | Route::Dashboard => None,
             Route::Keys => Some(Capability::KeyPublication),
             Route::Webhook => Some(Capability::Ingress),
-            Route::Heartbeat | Route::Fence | Route::Claims | Route::MediaVerify => {
+            Route::Heartbeat | Route::Fence | Route::Claims | Route::MediaVerify | Route::Probe => {
                 Some(Capability::NodeRoutes)
             }
             Route::Health
@@ -139,7 +142,9 @@ impl Route {
         match self {
             Route::Healthz | Route::Keys | Route::Dashboard => Guard::Public,
             Route::Webhook => Guard::Carrier,
-            Route::Heartbeat | Route::Fence | Route::Claims | Route::MediaVerify => Guard::Node,
+            Route::Heartbeat | Route::Fence | Route::Claims | Route::MediaVerify | Route::Probe => {
+                Guard::Node
+            }
             Route::Health | Route::GetNodes | Route::PutNodes => Guard::Bearer(Access::AdminOnly),
             Route::GetPolicy
             | Route::PutPolicy
@@ -156,7 +161,9 @@ impl Route {
             Route::Webhook => 64 * KIB,
             Route::PutPolicy | Route::PutNodes => 256 * KIB,
             Route::Heartbeat => 16 * KIB,
-            Route::Fence | Route::Claims | Route::MediaVerify | Route::Preview => 4 * KIB,
+            Route::Fence | Route::Claims | Route::MediaVerify | Route::Probe | Route::Preview => {
+                4 * KIB
+            }
             _ => 0,
         }
     }
@@ -185,6 +192,7 @@ mod tests {
             ("POST", "/v1/fence", Route::Fence),
             ("POST", "/v1/claims", Route::Claims),
             ("POST", "/v1/media/verify", Route::MediaVerify),
+            ("POST", "/v1/nodes/probe", Route::Probe),
             ("GET", "/v1/policy", Route::GetPolicy),
             ("PUT", "/v1/policy", Route::PutPolicy),
             ("GET", "/v1/nodes", Route::GetNodes),

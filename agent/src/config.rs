@@ -45,6 +45,67 @@ struct RawConfig {
     lines: RawLines,
     #[serde(default)]
     timing: Timing,
+    deploy: Option<RawDeploy>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDeploy {
+    remote: String,
+    releases_dir: PathBuf,
+    current: PathBuf,
+    build: Option<String>,
+    #[serde(default)]
+    artifacts: Vec<String>,
+    restart: Option<String>,
+    unit: Option<String>,
+    #[serde(default = "default_health_timeout")]
+    health_timeout: String,
+    #[serde(default = "default_drain_deadline")]
+    drain_deadline: String,
+    #[serde(default = "default_build_timeout")]
+    build_timeout: String,
+    #[serde(default = "default_keep")]
+    keep: usize,
+}
+
+fn default_health_timeout() -> String {
+    "60s".into()
+}
+fn default_drain_deadline() -> String {
+    "30m".into()
+}
+fn default_build_timeout() -> String {
+    "10m".into()
+}
+fn default_keep() -> usize {
+    3
+}
+
+/// The `[deploy]` table (SPEC §14): where releases come from and live, how
+/// they are built, restarted and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeployConfig {
+    /// The app repository: any URL or path `git fetch` takes.
+    pub remote: String,
+    /// Where each release is checked out, as `<releases_dir>/<sha>`.
+    pub releases_dir: PathBuf,
+    /// The symlink the app runs through; `runtime_checkout` is this path.
+    pub current: PathBuf,
+    /// Run with `sh -c` in the new checkout, if set.
+    pub build: Option<String>,
+    /// Paths (relative to the checkout) the build must leave.
+    pub artifacts: Vec<String>,
+    /// Run with `sh -c` to restart the app (default `systemctl restart <unit>`).
+    pub restart: String,
+    /// How long the restarted app has to pass the local checks.
+    pub health_timeout: std::time::Duration,
+    /// How long the drain waits for active calls to reach 0.
+    pub drain_deadline: std::time::Duration,
+    /// How long the build may run.
+    pub build_timeout: std::time::Duration,
+    /// How many releases besides the current one are kept.
+    pub keep: usize,
 }
 
 /// A node key: its id in the node registry and the file holding its seed.
@@ -221,6 +282,8 @@ pub struct Config {
     pub lines: LinesSource,
     /// Intervals and budgets.
     pub timing: Timing,
+    /// Deployment (`deploy`, `rollback`, `releases`), when configured.
+    pub deploy: Option<DeployConfig>,
 }
 
 fn err(message: impl Into<String>) -> AgentError {
@@ -256,9 +319,15 @@ fn parse_raw(text: &str) -> Result<RawConfig, String> {
 /// Refuses a state directory that is relative or lives in a temporary file
 /// system.
 pub fn check_state_dir(dir: &Path) -> Result<(), AgentError> {
+    check_durable(dir, "state_dir")
+}
+
+/// Refuses a directory (`what`) that is relative or lives in a temporary
+/// file system: what it holds must survive a reboot.
+fn check_durable(dir: &Path, what: &str) -> Result<(), AgentError> {
     if !dir.is_absolute() {
         return Err(err(format!(
-            "state_dir {} must be an absolute path",
+            "{what} {} must be an absolute path",
             dir.display()
         )));
     }
@@ -266,7 +335,7 @@ pub fn check_state_dir(dir: &Path) -> Result<(), AgentError> {
     for temp in ["/tmp", "/var/tmp", "/dev/shm"] {
         if dir.starts_with(temp) || resolved.starts_with(temp) {
             return Err(err(format!(
-                "state_dir {} is under {temp}: the mode, seq and ledger must survive a reboot",
+                "{what} {} is under {temp}: it must survive a reboot",
                 dir.display()
             )));
         }
@@ -444,6 +513,10 @@ fn validate(raw: RawConfig) -> Result<Config, AgentError> {
     if t.ledger_retention_s < 60 {
         return Err(err("timing.ledger_retention_s must be at least 60"));
     }
+    let deploy = raw
+        .deploy
+        .map(|d| validate_deploy(d, &raw.runtime_checkout))
+        .transpose()?;
     Ok(Config {
         node: raw.node,
         state_dir: raw.state_dir,
@@ -461,9 +534,104 @@ fn validate(raw: RawConfig) -> Result<Config, AgentError> {
         app_status_url,
         origin_url: raw.origin.url,
         probe_url,
+        deploy,
         lines,
         timing: raw.timing,
     })
+}
+
+fn validate_deploy(d: RawDeploy, runtime_checkout: &Path) -> Result<DeployConfig, AgentError> {
+    let remote = d.remote.trim().to_string();
+    if remote.is_empty() || remote.starts_with('-') || remote.len() > 1024 {
+        return Err(err("deploy.remote must be a git URL or path"));
+    }
+    if let Some((_, rest)) = remote.split_once("://") {
+        let authority = rest.split('/').next().unwrap_or_default();
+        if authority.contains('@')
+            && authority
+                .split('@')
+                .next()
+                .unwrap_or_default()
+                .contains(':')
+        {
+            return Err(err(
+                "deploy.remote must not carry a password: use a git credential helper or an SSH key",
+            ));
+        }
+    }
+    check_durable(&d.releases_dir, "deploy.releases_dir")?;
+    if !d.current.is_absolute() {
+        return Err(err("deploy.current must be an absolute path"));
+    }
+    if d.current != runtime_checkout {
+        return Err(err(
+            "runtime_checkout must be deploy.current: the node reports the release it runs",
+        ));
+    }
+    if d.current.starts_with(&d.releases_dir) {
+        return Err(err("deploy.current must not be inside deploy.releases_dir"));
+    }
+    for a in &d.artifacts {
+        let p = Path::new(a);
+        if a.is_empty()
+            || p.is_absolute()
+            || p.components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(err(format!(
+                "deploy.artifacts: {a:?} must be a relative path inside the checkout"
+            )));
+        }
+    }
+    if d.artifacts.len() > 64 {
+        return Err(err("deploy.artifacts: at most 64"));
+    }
+    let restart =
+        match (d.restart, d.unit) {
+            (Some(r), None) if !r.trim().is_empty() => r,
+            (None, Some(u)) if is_unit(&u) => format!("systemctl restart {u}"),
+            (None, None) => {
+                return Err(err(
+                    "deploy needs restart = \"...\" or unit = \"<app unit>\"",
+                ))
+            }
+            _ => return Err(err(
+                "deploy: give either restart or a valid unit name (^[A-Za-z0-9@._-]+$), not both",
+            )),
+        };
+    if !(1..=50).contains(&d.keep) {
+        return Err(err("deploy.keep must be 1 to 50"));
+    }
+    let duration = |text: &str, what: &str| {
+        crate::drain::parse_duration(text)
+            .map_err(|e| err(format!("deploy.{what}: {e}")))
+            .and_then(|v| {
+                if v.is_zero() {
+                    Err(err(format!("deploy.{what} must be above 0")))
+                } else {
+                    Ok(v)
+                }
+            })
+    };
+    Ok(DeployConfig {
+        remote,
+        releases_dir: d.releases_dir,
+        current: d.current,
+        build: d.build.filter(|b| !b.trim().is_empty()),
+        artifacts: d.artifacts,
+        restart,
+        health_timeout: duration(&d.health_timeout, "health_timeout")?,
+        drain_deadline: duration(&d.drain_deadline, "drain_deadline")?,
+        build_timeout: duration(&d.build_timeout, "build_timeout")?,
+        keep: d.keep,
+    })
+}
+
+fn is_unit(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"@._-".contains(&b))
 }
 
 /// The default tunnel probe: the origin URL with its last path segment
@@ -567,6 +735,34 @@ mod tests {
             "the example shows the defaults"
         );
         assert_eq!(c.edge_keys.len(), 1);
+    }
+
+    #[test]
+    fn the_deploy_table_is_checked() {
+        let base = example_toml("/var/lib/cf").replace(
+            "runtime_checkout = \"/srv/voice-app\"",
+            "runtime_checkout = \"/srv/app/current\"",
+        );
+        let with = |table: &str| format!("{base}[deploy]\n{table}\n");
+        let ok = "remote = \"/srv/git/app.git\"\nreleases_dir = \"/srv/app/releases\"\ncurrent = \"/srv/app/current\"\nunit = \"voice-app.service\"";
+        let d = from_toml(&with(ok)).unwrap().deploy.unwrap();
+        assert_eq!(d.restart, "systemctl restart voice-app.service");
+        assert_eq!((d.keep, d.health_timeout.as_secs()), (3, 60));
+        for bad in [
+            ok.replace("/srv/app/releases", "/tmp/releases"),
+            ok.replace("current = \"/srv/app/current\"", "current = \"/srv/other\""),
+            ok.replace("unit = \"voice-app.service\"", "unit = \"a b\""),
+            ok.replace("unit = \"voice-app.service\"", ""),
+            format!("{ok}\nartifacts = [\"../x\"]"),
+            format!("{ok}\nkeep = 0"),
+            ok.replace(
+                "/srv/git/app.git",
+                "https://bot:s3cret@git.example.com/app.git",
+            ),
+            format!("{ok}\nhealth_timeout = \"soon\""),
+        ] {
+            assert!(from_toml(&with(&bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct Agent {
     pub last_beat: Mutex<Option<BeatRecord>>,
     /// Deliveries to the app in flight, by event id: duplicates wait on these.
     pub inflight: Mutex<HashMap<String, watch::Receiver<Option<Delivery>>>>,
+    /// The deploy job slot (one deploy, rollback or recovery at a time).
+    pub deploy: crate::deploy::job::Slot,
 }
 
 impl Agent {
@@ -74,6 +76,7 @@ impl Agent {
             telnyx,
             last_beat,
             inflight: Mutex::new(HashMap::new()),
+            deploy: crate::deploy::job::Slot::default(),
         }))
     }
 

@@ -25,6 +25,16 @@ pub struct Checkout {
 }
 
 async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    git_with(dir, args, Duration::from_secs(10)).await
+}
+
+/// Runs `git -C dir args...` within `timeout`; its stdout, or a short
+/// reason (the first 200 characters of git's complaint).
+pub(crate) async fn git_with(
+    dir: &Path,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<String, String> {
     let mut cmd = Command::new("git");
     cmd.arg("-c")
         .arg(format!("safe.directory={}", dir.display()))
@@ -33,7 +43,7 @@ async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
         .args(args)
         .env("GIT_OPTIONAL_LOCKS", "0")
         .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(10), cmd.output())
+    let out = tokio::time::timeout(timeout, cmd.output())
         .await
         .map_err(|_| "git timed out".to_string())?
         .map_err(|e| format!("git: {e}"))?;

@@ -15,7 +15,7 @@ use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, HEARTBEAT_SCH
 use callfence_core::time::{format_ms, parse_ms};
 use callfence_core::wire::{HeartbeatAnswer, RoutingView};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::clock::now_ms;
 use crate::config::{Config, LinesSource};
@@ -144,6 +144,11 @@ pub struct BeatRecord {
     pub clock_skew_ms: Option<i64>,
     /// The edge's routing view (accepted beats).
     pub routing: Option<RoutingView>,
+    /// The registry's `allowed_shas` for this node as the edge reported it
+    /// (accepted beats): `null` when the registry lists none, absent from
+    /// an edge that does not report it.
+    #[serde(default)]
+    pub allowed_shas: Option<Value>,
     /// `valid_for_s` of the beat.
     pub valid_for_s: u32,
     /// What the beat reported.
@@ -184,6 +189,7 @@ pub fn record(
         edge_time: None,
         clock_skew_ms: None,
         routing: None,
+        allowed_shas: None,
         valid_for_s,
         observed,
     };
@@ -204,6 +210,7 @@ pub fn record(
                     rec.eligible = Some(answer.eligible);
                     rec.reasons = answer.reasons.into_iter().take(64).collect();
                     rec.routing = Some(answer.routing);
+                    rec.allowed_shas = answer.allowed_shas.map(|list| json!(list));
                 }
                 None => {
                     rec.outcome = "refused".into();
@@ -456,7 +463,12 @@ mod tests {
                 let (status, answer) = match result {
                     Ok(_) => (
                         200,
-                        json!(HeartbeatAnswer::new(&[], now_ms(), RoutingView::default())),
+                        json!(HeartbeatAnswer::new(
+                            &[],
+                            now_ms(),
+                            RoutingView::default(),
+                            None
+                        )),
                     ),
                     Err(e) => (401, json!({"error": e.code()})),
                 };

@@ -36,6 +36,9 @@
 //! - [`run`]: the `run` command: servers, heartbeat loop, upkeep.
 //! - [`drain`]: the `drain` command.
 //! - [`status`]: the `status` command and the persisted last-beat record.
+//! - [`deploy`]: clean deployment: `deploy --sha`, `rollback`, `releases`,
+//!   the journal and the automatic restore (SPEC §14).
+//! - [`notify`]: the systemd notify protocol and watchdog pings.
 //!
 //! Binaries besides `callfence-agent` (in `src/bin/`): `callfence-demo-app`,
 //! a minimal voice app, and `callfence-fake-telnyx`, the one fake Telnyx Call
@@ -48,6 +51,7 @@
 pub mod clock;
 pub mod config;
 pub mod context;
+pub mod deploy;
 pub mod drain;
 pub mod edge;
 pub mod files;
@@ -59,6 +63,7 @@ pub mod local_api;
 pub mod log;
 pub mod mode;
 pub mod net;
+pub mod notify;
 pub mod probe;
 pub mod proxy;
 pub mod run;

@@ -51,6 +51,11 @@ pub fn router(agent: Arc<Agent>) -> Router {
         .route("/local/dial", post(dial))
         .route("/local/media/verify", post(media_verify))
         .route("/local/status", get(status))
+        .route(
+            "/local/deploy",
+            post(crate::deploy::job::post_deploy).get(crate::deploy::job::get_job),
+        )
+        .route("/local/rollback", post(crate::deploy::job::post_rollback))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -10,13 +10,14 @@
 //! - `mode get` / `mode set active|shadow|drained` ([`callfence_agent::mode`]).
 //! - `drain [--deadline 30m] [--shed]` ([`callfence_agent::drain`]).
 //! - `status`: the node's own view ([`callfence_agent::status`]).
+//! - `deploy --sha`, `rollback`, `releases` ([`callfence_agent::deploy`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use callfence_agent::config::{self, DEFAULT_PATH};
 use callfence_agent::mode::{self, NodeMode};
-use callfence_agent::{drain, heartbeat, keys, status, AgentError};
+use callfence_agent::{deploy, drain, heartbeat, keys, status, AgentError};
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// callfence node agent: signed heartbeats, the verifying origin proxy in
@@ -72,6 +73,55 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Deploy one full commit of the voice app: fetch, clean checkout, build,
+    /// drain, switch, restart, verify (health, connector, L5); restores the
+    /// previous release by itself on any failure. Runs inside the agent.
+    Deploy {
+        /// The commit: 40 lowercase hex digits.
+        #[arg(long)]
+        sha: String,
+        #[command(flatten)]
+        switch: SwitchArgs,
+    },
+    /// Go back to the previous verified release, with the same drain and checks.
+    Rollback {
+        #[command(flatten)]
+        switch: SwitchArgs,
+    },
+    /// List the kept releases: SHA, when deployed, result, which is current.
+    Releases {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What `deploy` and `rollback` share.
+#[derive(Debug, clap::Args)]
+struct SwitchArgs {
+    /// Drain deadline (default: deploy.drain_deadline).
+    #[arg(long)]
+    deadline: Option<String>,
+    /// Hang up calls still up at the drain deadline.
+    #[arg(long)]
+    shed: bool,
+    /// Print one JSON result instead of the steps.
+    #[arg(long)]
+    json: bool,
+}
+
+impl SwitchArgs {
+    /// Asks the running agent at `path` (with `sha` for a deploy).
+    fn run(
+        self,
+        config_path: &std::path::Path,
+        path: &str,
+        sha: Option<String>,
+    ) -> Result<ExitCode, AgentError> {
+        let config = config::load(config_path)?;
+        let body = serde_json::json!({"sha": sha, "deadline": self.deadline, "shed": self.shed});
+        runtime()?.block_on(deploy::job::client(&config, path, body, self.json))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -222,6 +272,33 @@ fn dispatch(cli: Cli) -> Result<ExitCode, AgentError> {
             } else {
                 ExitCode::from(2)
             })
+        }
+        Command::Deploy { sha, switch } => switch.run(&cli.config, "/local/deploy", Some(sha)),
+        Command::Rollback { switch } => switch.run(&cli.config, "/local/rollback", None),
+        Command::Releases { json } => {
+            let config = config::load(&cli.config)?;
+            let d = config
+                .deploy
+                .as_ref()
+                .ok_or_else(|| AgentError::new("no [deploy] table in the configuration"))?;
+            let list = deploy::releases::listing(d, &config.state_dir);
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&list).unwrap_or_default()
+                );
+            } else {
+                for r in list["releases"].as_array().into_iter().flatten() {
+                    println!(
+                        "{} {}  {}  {}",
+                        if r["current"] == true { "*" } else { " " },
+                        r["sha"].as_str().unwrap_or_default(),
+                        r["deployed_at"].as_str().unwrap_or_default(),
+                        r["result"].as_str().unwrap_or_default()
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Status { json } => {
             let config = config::load(&cli.config)?;

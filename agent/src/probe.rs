@@ -19,6 +19,8 @@
 //!   applied; reported in beats when `lines.source = "app"`.
 //! - `calls` (list, optional): the legs it holds; `drain --shed` hangs these
 //!   up (with those the ledger saw) when the deadline passes.
+//! - `sha` (string, optional): the commit the app runs; when present, a
+//!   deploy's local health check requires it to be the new release's.
 //!
 //! Any other answer (not 200, not this JSON, over 64 KiB, slower than
 //! `timing.probe_timeout_ms`) means the app is down: `app_ready: false`.
@@ -66,6 +68,10 @@ pub struct AppStatus {
     /// The legs held (optional).
     #[serde(default)]
     pub calls: Vec<AppCall>,
+    /// The commit the app runs, as it knows it (optional; a deploy's local
+    /// health check requires it to be the new SHA when present).
+    #[serde(default)]
+    pub sha: Option<String>,
 }
 
 /// Parses and bounds a status document.
@@ -79,6 +85,9 @@ pub fn parse_status(body: &[u8]) -> Result<AppStatus, String> {
         if id.len() > 64 || number.len() > 32 {
             return Err("status has an over-long line".into());
         }
+    }
+    if status.sha.as_ref().is_some_and(|s| s.len() > 64) {
+        return Err("status has an over-long sha".into());
     }
     if status
         .calls

@@ -27,6 +27,17 @@
 //!
 //! The app is called in a task of its own, so an edge that gives up early
 //! does not cut a delivery in half; the result is recorded for the retry.
+//!
+//! # The L5 probe (SPEC §14)
+//!
+//! A body whose `data.event_type` is `callfence.probe` is only ever
+//! admitted as a probe: it needs a probe assertion
+//! ([`assertion::verify`] of [`ProbeClaims`]) naming this node, whose `event_id` is the
+//! body's nonce, and no Telnyx signature. A verified probe is handed to the
+//! app at once with `Callfence-Probe: <nonce>` (whatever the mode: it is the
+//! one forward a drained or shadow node admits) and the app's answer is
+//! returned as it is. It never touches the ledger. Any other body needs a
+//! webhook assertion ([`Claims`]), never granted to a probe.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,8 +48,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use callfence_core::assertion::{Claims, ProbeClaims};
 use callfence_core::outcome::{self, OriginAnswer};
-use callfence_core::{assertion, telnyx};
+use callfence_core::{assertion, probe, telnyx};
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -150,14 +162,20 @@ async fn webhook(State(agent): State<Arc<Agent>>, headers: HeaderMap, body: Byte
     let Some(header) = headers.get(assertion::HEADER).and_then(|v| v.to_str().ok()) else {
         return refuse("missing_assertion", None);
     };
-    let claims = match assertion::verify(
-        header,
-        &cfg.edge_keys,
-        &cfg.node,
-        &body,
-        now,
-        cfg.timing.assertion_skew_s,
-    ) {
+    if let Some(parsed) = probe::parse_body(&body) {
+        return match parsed {
+            Ok(p) if p.node == cfg.node => match admit::<ProbeClaims>(cfg, header, &body, now) {
+                Ok(claims) if claims.event_id == p.nonce => {
+                    probe_to_app(&agent, &p.nonce, body).await
+                }
+                Ok(_) => refuse("probe_nonce_mismatch", None),
+                Err(e) => refuse(e.code(), None),
+            },
+            Ok(_) => refuse("wrong_node", None),
+            Err(e) => refuse(e.code(), None),
+        };
+    }
+    let claims = match admit::<Claims>(cfg, header, &body, now) {
         Ok(c) => c,
         Err(e) => return refuse(e.code(), None),
     };
@@ -188,6 +206,62 @@ async fn webhook(State(agent): State<Arc<Agent>>, headers: HeaderMap, body: Byte
         attempts: 0,
     };
     deliver(agent, pending, true).await.into_response()
+}
+
+/// Verifies an assertion of kind `K` for this node and `body`.
+fn admit<K: assertion::Kind>(
+    cfg: &crate::config::Config,
+    header: &str,
+    body: &[u8],
+    now: i64,
+) -> Result<K, assertion::AssertionError> {
+    assertion::verify::<K>(
+        header,
+        &cfg.edge_keys,
+        &cfg.node,
+        body,
+        now,
+        cfg.timing.assertion_skew_s,
+    )
+}
+
+/// Hands a verified probe to the app and returns its answer as it is (the
+/// edge judges it); never recorded in the ledger.
+async fn probe_to_app(agent: &Arc<Agent>, nonce: &str, body: Bytes) -> Response {
+    let cfg = &agent.config;
+    let sent = agent
+        .http
+        .post(cfg.app_webhook_url.clone())
+        .timeout(Duration::from_millis(cfg.timing.app_timeout_ms))
+        .header("content-type", "application/json")
+        .header(probe::APP_HEADER, nonce)
+        .body(body)
+        .send()
+        .await;
+    let answer = match sent {
+        Err(e) => Err(describe(&e)),
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            read_limited(resp, MAX_ANSWER_BYTES)
+                .await
+                .map(|body| (status, body))
+        }
+    };
+    match answer {
+        Ok((status, body)) => {
+            crate::log::info("probe_delivered", json!({"app_status": status}));
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            (status, [("content-type", "application/json")], body).into_response()
+        }
+        Err(reason) => {
+            crate::log::warn("probe_app_failed", json!({"reason": reason}));
+            (
+                StatusCode::BAD_GATEWAY,
+                Json(json!({"callfence": "app_error", "reason": reason})),
+            )
+                .into_response()
+        }
+    }
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {

@@ -71,6 +71,16 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
             .with_graceful_shutdown(stopped(stop_rx.clone()))
             .into_future(),
     );
+    let notifier = crate::notify::Notifier::from_env().map(Arc::new);
+    let watchdog = match (&notifier, crate::notify::watchdog_interval()) {
+        (Some(n), Some(every)) => Some(tokio::spawn(crate::notify::watchdog(n.clone(), every))),
+        _ => None,
+    };
+    // An unfinished deploy is restored first; the node stays drained until then.
+    crate::deploy::job::recover_at_start(&agent);
+    if let Some(n) = &notifier {
+        n.send("READY=1\nSTATUS=serving");
+    }
     let resumed = proxy::resume(&agent, true).await;
     if resumed > 0 {
         crate::log::info("ledger_resumed", json!({"events": resumed}));
@@ -79,6 +89,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let upkeep = tokio::spawn(upkeep_loop(agent.clone(), stop_rx.clone()));
     shutdown_signal().await;
     crate::log::info("agent_stopping", json!({}));
+    if let Some(n) = &notifier {
+        n.send("STOPPING=1");
+    }
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = origin_srv.await;
@@ -87,6 +100,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     .await;
     beats.abort();
     upkeep.abort();
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     Ok(())
 }
 

@@ -7,6 +7,13 @@
 //! base64url of the Ed25519 signature with the edge key over the ASCII
 //! `v1.{kid}.{payload}`. The node agent verifies it against keys pinned in
 //! its configuration.
+//!
+//! Two kinds exist: a webhook's [`Claims`] (session, leg, epoch, attempt)
+//! and a probe's [`ProbeClaims`] (`"probe": true`, none of those; SPEC §14).
+//! [`verify`] admits only the [`Kind`] it is asked for (a payload of the
+//! other kind is [`AssertionError::WrongKind`]), so a
+//! webhook assertion can never carry a probe and a probe assertion can never
+//! carry a call.
 
 use std::fmt;
 
@@ -58,6 +65,40 @@ pub struct Claims {
     pub exp: i64,
 }
 
+/// What a probe's assertion states (SPEC §14): no call session, leg, epoch
+/// or attempt; `event_id` is the probe's nonce.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeClaims {
+    /// Always [`ISSUER`].
+    pub iss: String,
+    /// The node probed.
+    pub node: String,
+    /// Always true.
+    pub probe: bool,
+    /// The probe's nonce (`data.id` of the probe body).
+    pub event_id: String,
+    /// Lowercase hex SHA-256 of the probe body.
+    pub body_sha256: String,
+    /// Issued at, Unix seconds.
+    pub iat: i64,
+    /// Expires at, Unix seconds ([`TTL_S`] after `iat`).
+    pub exp: i64,
+}
+
+/// Builds a probe's claims for `node`, `nonce` and the probe `body`.
+pub fn probe_claims_for(node: &str, nonce: &str, body: &[u8], now_ms: i64) -> ProbeClaims {
+    let iat = now_ms.div_euclid(1000);
+    ProbeClaims {
+        iss: ISSUER.to_string(),
+        node: node.to_string(),
+        probe: true,
+        event_id: nonce.to_string(),
+        body_sha256: sha256_hex(body),
+        iat,
+        exp: iat.saturating_add(TTL_S),
+    }
+}
+
 /// Builds the claims for one forward: issuer [`ISSUER`], `iat` now in whole
 /// seconds, `exp` [`TTL_S`] later, and the body's SHA-256.
 #[allow(clippy::too_many_arguments)]
@@ -86,9 +127,9 @@ pub fn claims_for(
     }
 }
 
-/// Signs `claims` with the edge key `key` named `kid`, giving the header
-/// value `v1.{kid}.{payload}.{sig}`.
-pub fn mint(kid: &str, key: &SigningKey, claims: &Claims) -> String {
+/// Signs `claims` (a [`Claims`] or a [`ProbeClaims`]) with the edge key
+/// `key` named `kid`, giving the header value `v1.{kid}.{payload}.{sig}`.
+pub fn mint(kid: &str, key: &SigningKey, claims: &impl Serialize) -> String {
     // Serialising a struct of strings and integers cannot fail; an empty
     // payload would only make a token that never verifies (fail closed).
     let json = serde_json::to_vec(claims).unwrap_or_default();
@@ -114,11 +155,14 @@ pub enum AssertionError {
     WrongNode,
     /// The body's SHA-256 differs from `body_sha256`.
     BodyMismatch,
+    /// A probe assertion offered for a webhook, or a webhook assertion for
+    /// a probe.
+    WrongKind,
 }
 
 impl AssertionError {
     /// Stable code: `malformed_assertion`, `unknown_kid`, `bad_signature`,
-    /// `expired`, `wrong_node` or `body_mismatch`.
+    /// `expired`, `wrong_node`, `body_mismatch` or `wrong_kind`.
     pub fn code(&self) -> &'static str {
         match self {
             AssertionError::Malformed => "malformed_assertion",
@@ -127,6 +171,7 @@ impl AssertionError {
             AssertionError::Expired => "expired",
             AssertionError::WrongNode => "wrong_node",
             AssertionError::BodyMismatch => "body_mismatch",
+            AssertionError::WrongKind => "wrong_kind",
         }
     }
 }
@@ -140,25 +185,61 @@ impl fmt::Display for AssertionError {
             AssertionError::Expired => "assertion is expired or not yet valid",
             AssertionError::WrongNode => "assertion names another node",
             AssertionError::BodyMismatch => "assertion does not match the body",
+            AssertionError::WrongKind => "assertion is for another kind of forward",
         })
     }
 }
 
 impl std::error::Error for AssertionError {}
 
-/// Verifies an assertion header for `node` and the raw `body` it came with,
-/// against the pinned edge keys, allowing `skew_s` seconds of clock skew
-/// (negative counts as 0). Returns the claims when every check holds.
+/// The claims every assertion carries, whatever its kind.
+#[derive(Deserialize)]
+struct Common {
+    iss: String,
+    node: String,
+    body_sha256: String,
+    iat: i64,
+    exp: i64,
+}
+
+/// A kind of assertion: [`Claims`] (a webhook) or [`ProbeClaims`] (a probe).
+pub trait Kind: serde::de::DeserializeOwned {
+    /// True when the payload is of this kind (checked after the common
+    /// checks, before the payload is read as this type).
+    fn is_kind(payload: &serde_json::Value) -> bool;
+}
+
+impl Kind for Claims {
+    /// A webhook assertion never carries the probe flag.
+    fn is_kind(payload: &serde_json::Value) -> bool {
+        payload.get("probe").is_none()
+    }
+}
+
+impl Kind for ProbeClaims {
+    /// A probe assertion is `"probe": true` and names no session, leg,
+    /// epoch or attempt.
+    fn is_kind(payload: &serde_json::Value) -> bool {
+        let call_fields = ["call_session_id", "call_control_id", "epoch", "attempt"];
+        payload.get("probe") == Some(&serde_json::Value::Bool(true))
+            && call_fields.iter().all(|f| payload.get(f).is_none())
+    }
+}
+
+/// Verifies an assertion header of kind `K` for `node` and the raw `body`
+/// it came with, against the pinned edge keys, allowing `skew_s` seconds of
+/// clock skew (negative counts as 0). Returns the claims when every check
+/// holds; an assertion of the other kind is [`AssertionError::WrongKind`].
 ///
-/// Order: shape, kid, signature, claims JSON and issuer, time, node, body.
-pub fn verify(
+/// Order: shape, kid, signature, claims JSON and issuer, time, node, body, kind.
+pub fn verify<K: Kind>(
     header: &str,
     pinned: &[(String, VerifyingKey)],
     node: &str,
     body: &[u8],
     now_ms: i64,
     skew_s: i64,
-) -> Result<Claims, AssertionError> {
+) -> Result<K, AssertionError> {
     if header.len() > MAX_HEADER_BYTES {
         return Err(AssertionError::Malformed);
     }
@@ -184,8 +265,11 @@ pub fn verify(
         .map_err(|_| AssertionError::BadSignature)?;
 
     let json = b64url_decode(payload).ok_or(AssertionError::Malformed)?;
-    let claims: Claims = serde_json::from_slice(&json).map_err(|_| AssertionError::Malformed)?;
-    if claims.iss != ISSUER {
+    let value: serde_json::Value =
+        serde_json::from_slice(&json).map_err(|_| AssertionError::Malformed)?;
+    let claims: Common =
+        serde_json::from_value(value.clone()).map_err(|_| AssertionError::Malformed)?;
+    if claims.iss != ISSUER || !value.is_object() {
         return Err(AssertionError::Malformed);
     }
     let now_s = now_ms.div_euclid(1000);
@@ -199,7 +283,10 @@ pub fn verify(
     if !ct_eq(claims.body_sha256.as_bytes(), sha256_hex(body).as_bytes()) {
         return Err(AssertionError::BodyMismatch);
     }
-    Ok(claims)
+    if !K::is_kind(&value) {
+        return Err(AssertionError::WrongKind);
+    }
+    serde_json::from_value(value).map_err(|_| AssertionError::Malformed)
 }
 
 #[cfg(test)]
@@ -208,6 +295,12 @@ mod tests {
     use proptest::prelude::*;
 
     const NOW_MS: i64 = 1_796_000_000_500;
+
+    /// The webhook kind, which most of these tests check.
+    #[allow(non_upper_case_globals)]
+    const verify: VerifyFn<Claims> = super::verify::<Claims>;
+    type VerifyFn<K> =
+        fn(&str, &[(String, VerifyingKey)], &str, &[u8], i64, i64) -> Result<K, AssertionError>;
     const BODY: &[u8] = br#"{"data":{"id":"ev-1"}}"#;
 
     fn edge_key() -> SigningKey {
@@ -390,6 +483,66 @@ mod tests {
         let got = verify(&t, &pinned(), "M3", b"{}", NOW_MS, 10);
         assert_eq!(got, Err(AssertionError::BodyMismatch));
         assert_eq!(got.unwrap_err().code(), "body_mismatch");
+    }
+
+    #[test]
+    fn probe_and_webhook_assertions_never_stand_in_for_each_other() {
+        let probe_body = br#"{"data":{"event_type":"callfence.probe","id":"n0nce-n0nce-n0nce"}}"#;
+        let pc = probe_claims_for("M3", "n0nce-n0nce-n0nce", probe_body, NOW_MS);
+        let pt = mint("e1", &edge_key(), &pc);
+        assert_eq!(
+            super::verify::<ProbeClaims>(&pt, &pinned(), "M3", probe_body, NOW_MS, 10),
+            Ok(pc.clone())
+        );
+        let json: serde_json::Value =
+            serde_json::from_slice(&b64url_decode(pt.split('.').nth(2).unwrap()).unwrap()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"iss":"callfence-edge","node":"M3","probe":true,
+                "event_id":"n0nce-n0nce-n0nce","body_sha256":sha256_hex(probe_body),
+                "iat":1_796_000_000i64,"exp":1_796_000_060i64})
+        );
+        // A probe assertion is never a webhook's.
+        assert_eq!(
+            verify(&pt, &pinned(), "M3", probe_body, NOW_MS, 10),
+            Err(AssertionError::WrongKind)
+        );
+        // A webhook assertion is never a probe's, even over the same body.
+        let wc = claims_for(
+            "M3",
+            "s-1",
+            None,
+            "n0nce-n0nce-n0nce",
+            7,
+            1,
+            probe_body,
+            NOW_MS,
+        );
+        let wt = mint("e1", &edge_key(), &wc);
+        let got = super::verify::<ProbeClaims>(&wt, &pinned(), "M3", probe_body, NOW_MS, 10);
+        assert_eq!(got, Err(AssertionError::WrongKind));
+        assert_eq!(got.unwrap_err().code(), "wrong_kind");
+        // A webhook assertion with a stray probe flag is refused both ways.
+        let mut forged = serde_json::to_value(&wc).unwrap();
+        forged["probe"] = serde_json::Value::Bool(true);
+        let ft = mint("e1", &edge_key(), &forged);
+        assert_eq!(
+            super::verify::<ProbeClaims>(&ft, &pinned(), "M3", probe_body, NOW_MS, 10),
+            Err(AssertionError::WrongKind)
+        );
+        assert_eq!(
+            verify(&ft, &pinned(), "M3", probe_body, NOW_MS, 10),
+            Err(AssertionError::WrongKind)
+        );
+        // The common checks still apply to probes.
+        assert_eq!(
+            super::verify::<ProbeClaims>(&pt, &pinned(), "M4", probe_body, NOW_MS, 10),
+            Err(AssertionError::WrongNode)
+        );
+        assert_eq!(
+            super::verify::<ProbeClaims>(&pt, &pinned(), "M3", b"{}", NOW_MS, 10),
+            Err(AssertionError::BodyMismatch)
+        );
     }
 
     proptest! {

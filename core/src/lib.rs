@@ -20,6 +20,7 @@
 //! - [`wire`]: the node routes' request and answer bodies (fence, claim,
 //!   media check, heartbeat answer), serialised by the agent and the
 //!   Dispatcher alike.
+//! - [`probe`]: the public L5 probe: nonce, body, rate limit, verdict.
 //!
 //! Documents (validated, versioned by compare-and-set):
 //! - [`problem`]: `{path, problem}` validation findings.
@@ -85,6 +86,7 @@ pub mod node_auth;
 pub mod number;
 pub mod outcome;
 pub mod policy;
+pub mod probe;
 pub mod problem;
 pub mod registry;
 pub mod selection;

@@ -390,17 +390,40 @@ pub struct HeartbeatAnswer {
     pub edge_time: String,
     /// The lines the policy in force routes.
     pub routing: RoutingView,
+    /// The registry's `allowed_shas` for this node: `null` when it lists
+    /// none (any clean SHA may be deployed), absent from an edge that does
+    /// not report it (a deploy then refuses: it cannot check promotion).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub allowed_shas: Option<Option<Vec<String>>>,
+}
+
+/// A field that is present (even as `null`) reads as `Some`; an absent one
+/// keeps its default, `None`.
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 impl HeartbeatAnswer {
     /// The answer for an accepted beat.
-    pub fn new(reasons: &[crate::eligibility::Reason], now_ms: i64, routing: RoutingView) -> Self {
+    pub fn new(
+        reasons: &[crate::eligibility::Reason],
+        now_ms: i64,
+        routing: RoutingView,
+        allowed_shas: Option<Vec<String>>,
+    ) -> Self {
         Self {
             accepted: true,
             eligible: reasons.is_empty(),
             reasons: reasons.iter().map(|r| r.code().to_owned()).collect(),
             edge_time: crate::time::format_ms(now_ms),
             routing,
+            allowed_shas: Some(allowed_shas),
         }
     }
 }
@@ -558,21 +581,31 @@ mod tests {
             &[Reason::Dirty, Reason::TunnelDown],
             1_796_000_000_123,
             RoutingView::of(lines.clone()),
+            Some(vec!["a".repeat(40)]),
         );
         let value = to_json(&answer);
         assert_eq!(
             value,
             json!({"accepted": true, "eligible": false, "reasons": ["dirty", "tunnel_down"],
                    "edge_time": "2026-11-30T00:53:20.123Z",
-                   "routing": {"hash": crate::heartbeat::routing_hash(&lines), "lines": {"sales": "+15102160079"}}})
+                   "routing": {"hash": crate::heartbeat::routing_hash(&lines), "lines": {"sales": "+15102160079"}},
+                   "allowed_shas": ["a".repeat(40)]})
         );
         let back: HeartbeatAnswer = serde_json::from_value(value).unwrap();
         assert_eq!(back, answer);
-        assert!(HeartbeatAnswer::new(&[], 0, RoutingView::default()).eligible);
-        // A reason this version does not know still reads.
+        let plain = HeartbeatAnswer::new(&[], 0, RoutingView::default(), None);
+        assert!(plain.eligible);
+        assert_eq!(to_json(&plain)["allowed_shas"], Value::Null);
+        // A reason this version does not know still reads, and an edge that
+        // does not report allowed_shas reads as None.
         let newer = json!({"accepted": true, "eligible": false, "reasons": ["from_the_future"],
                            "edge_time": "2026-11-30T00:53:20.123Z", "routing": {"hash": "", "lines": {}}});
         let read: HeartbeatAnswer = serde_json::from_value(newer).unwrap();
         assert_eq!(read.reasons, ["from_the_future"]);
+        assert_eq!(read.allowed_shas, None);
+        let listed: HeartbeatAnswer = serde_json::from_value(to_json(&answer)).unwrap();
+        assert_eq!(listed.allowed_shas, Some(Some(vec!["a".repeat(40)])));
+        let none: HeartbeatAnswer = serde_json::from_value(to_json(&plain)).unwrap();
+        assert_eq!(none.allowed_shas, Some(None));
     }
 }

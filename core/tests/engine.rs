@@ -621,3 +621,64 @@ fn a_key_removed_from_the_registry_is_refused_for_every_node_op() {
         FenceReply::Granted(_)
     ));
 }
+
+#[test]
+fn probes_are_rate_limited_per_node_and_store_no_call_event_or_decision() {
+    use callfence_core::engine::ProbeAdmission;
+    use callfence_core::store::Store;
+    let mut w = World::new();
+    let count = |w: &World, table: &str| {
+        w.engine
+            .store()
+            .exec(&format!("SELECT COUNT(*) FROM {table}"), &[])
+            .unwrap()[0][0]
+            .as_int()
+            .unwrap()
+    };
+    let send = ProbeAdmission::Send {
+        origin_url: "https://M1.example.com/t".into(),
+    };
+    assert_eq!(w.engine.handle_probe("M1", w.now).unwrap(), send);
+    w.now += 1_200;
+    assert_eq!(
+        w.engine.handle_probe("M1", w.now).unwrap(),
+        ProbeAdmission::RateLimited { retry_after_s: 4 }
+    );
+    // Another node has its own budget; an unknown node gets nothing.
+    assert!(matches!(
+        w.engine.handle_probe("M2", w.now).unwrap(),
+        ProbeAdmission::Send { .. }
+    ));
+    assert_eq!(
+        w.engine.handle_probe("M9", w.now).unwrap(),
+        ProbeAdmission::UnknownNode
+    );
+    w.now += 3_800;
+    assert_eq!(w.engine.handle_probe("M1", w.now).unwrap(), send);
+    for table in ["sessions", "events", "decisions", "legs"] {
+        assert_eq!(count(&w, table), 0, "{table}");
+    }
+}
+
+#[test]
+fn the_heartbeat_answer_names_the_registry_allowed_shas() {
+    let mut w = World::new();
+    let answer = w.beat("M1", |_| {}).unwrap();
+    assert_eq!(answer["allowed_shas"], serde_json::Value::Null);
+    let mut registry = w.engine.get_document(DocKind::Nodes, None).unwrap().1;
+    registry["nodes"]["M1"]["allowed_shas"] = json!(["c".repeat(40)]);
+    if let Some(o) = registry.as_object_mut() {
+        o.remove("revision");
+    }
+    w.engine
+        .put_document(
+            DocKind::Nodes,
+            registry.to_string().as_bytes(),
+            Some("\"1\""),
+            "t",
+            w.now,
+        )
+        .unwrap();
+    let answer = w.beat("M1", |_| {}).unwrap();
+    assert_eq!(answer["allowed_shas"], json!(["c".repeat(40)]));
+}

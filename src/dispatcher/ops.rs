@@ -5,14 +5,14 @@
 
 use super::profile::Profile;
 use crate::protocol::{
-    self, DocumentRead, Documents, Message, Next, NodeKeys, Present, Request, Written,
+    self, DocumentRead, Documents, Message, Next, NodeKeys, Present, ProbeTarget, Request, Written,
 };
 use crate::refusal::{DocumentRefusal, Refusal};
 use callfence_core::admission;
 use callfence_core::engine::{
     BadRequest, Caller, ClaimReply, ClaimRequest, Engine, EngineError, FenceReply, FenceRequest,
     Forward, HeartbeatRefusal, Ingress, MediaReply, MediaVerifyRequest, PendingReason,
-    PreviewRequest, ReportEffect,
+    PreviewRequest, ProbeAdmission, ReportEffect,
 };
 use callfence_core::media::MediaKeys;
 use callfence_core::store::Store;
@@ -201,6 +201,16 @@ pub fn serve<S: Store>(
             None => Err(Refusal::UnknownCall),
         },
         Request::Profile => done(profile),
+        Request::Probe { node, kid } => match engine.key_in_force(caller(node, kid))? {
+            false => Err(Refusal::UnknownNodeKey),
+            true => match engine.handle_probe(node, now_ms)? {
+                ProbeAdmission::Send { origin_url } => done(&ProbeTarget { origin_url }),
+                ProbeAdmission::RateLimited { retry_after_s } => {
+                    Err(Refusal::ProbeRateLimited(retry_after_s))
+                }
+                ProbeAdmission::UnknownNode => Err(Refusal::UnknownNodeKey),
+            },
+        },
     };
     Ok(Served::Reply(
         outcome.unwrap_or_else(|refusal| refusal.encode()),

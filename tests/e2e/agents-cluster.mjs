@@ -11,10 +11,20 @@
 // build. Every process started here is killed by `close()` (and, as a last
 // resort, when the test process exits). CALLFENCE_E2E_VERBOSE=1 echoes the
 // agents' and apps' logs.
+//
+// A node listed in `deploy` runs from a releases layout (SPEC §14): a bare
+// remote with the app's history, `releases/<sha>` checkouts, `current` as the
+// runtime checkout, and `restart.sh` as the supervisor command, which really
+// stops the running demo app (pid file) and starts it again from `current`.
+// A release's own files shape how its app behaves, as real code would:
+// NOT_READY (never healthy), WRONG_SHA (reports another SHA), REFUSE_PROBES
+// (answers L5 probes 503), BREAK_TUNNEL (the node's fake tunnel, which
+// carries the public probe URL to the agent, answers 502).
 
 import { spawn, spawnSync } from "node:child_process";
 import { createHash, sign as cryptoSign } from "node:crypto";
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { createServer } from "node:http";
 import { createServer as createNetServer } from "node:net";
 import { join } from "node:path";
 import { startFakeTelnyx } from "../../scripts/fake-telnyx.mjs";
@@ -27,7 +37,17 @@ const VERBOSE = process.env.CALLFENCE_E2E_VERBOSE === "1";
 
 // Children still running, killed on exit whatever happens to the tests.
 const live = new Set();
+// Pid files of apps a supervisor script started (not our children).
+const pidFiles = new Set();
+function killPidFile(path) {
+  try {
+    process.kill(Number(readFileSync(path, "utf8").trim()), "SIGKILL");
+  } catch {
+    // gone already
+  }
+}
 function killAll() {
+  for (const path of pidFiles) killPidFile(path);
   for (const child of live) {
     try {
       child.kill("SIGKILL");
@@ -185,7 +205,7 @@ async function stop(proc, signal = "SIGKILL") {
  * Starts the deployment. `nodes` maps node id to registry fields
  * (`role`, `canary_go`, ...); `policy(nodeIds)` returns the routing policy.
  */
-export async function startCluster({ nodes, policy }) {
+export async function startCluster({ nodes, policy, deploy = [] }) {
   const binDir = agentBins();
   // Not under /tmp: the agent refuses a temporary state directory.
   const work = mkdtempSync(join(durableScratchRoot(), "e2e-agents-"));
@@ -292,6 +312,7 @@ export async function startCluster({ nodes, policy }) {
     const telnyxKey = join(dir, "telnyx-api-key");
     writeSecret(telnyxKey, "KEY_e2e_not_a_secret\n");
     const [origin, local, app] = [await freePort(), await freePort(), await freePort()];
+    const deployable = deploy.includes(id);
     const node = {
       id,
       dir,
@@ -309,14 +330,18 @@ export async function startCluster({ nodes, policy }) {
       agent: null,
       app: null,
       appArgs: [],
+      runtime: checkout,
+      deployToml: "",
+      probeUrl: null,
     };
+    if (deployable) await makeDeployable(node, binDir, { app, origin });
     node.writeConfig = () => {
       const next = node.nextKey ? `[next_key]\nid = "${node.nextKey.kid}"\npath = "${node.nextKey.path}"\n` : "";
       writeFileSync(
         node.configPath,
         `node = "${id}"
 state_dir = "${node.stateDir}"
-runtime_checkout = "${checkout}"
+runtime_checkout = "${node.runtime}"
 
 [key]
 id = "${node.key.kid}"
@@ -344,6 +369,7 @@ status_url = "${node.appUrl}/callfence/status"
 
 [origin]
 url = "${node.originUrl}"
+${node.probeUrl ? `probe_url = "${node.probeUrl}"` : ""}
 
 [timing]
 heartbeat_interval_ms = 500
@@ -354,7 +380,8 @@ app_timeout_ms = 8000
 telnyx_resend_ms = 400
 telnyx_timeout_ms = 3000
 duplicate_wait_ms = 5000
-`,
+drain_poll_ms = 100
+${node.deployToml}`,
       );
     };
     /** Runs a one-shot agent command (`mode set drained`, ...). */
@@ -371,7 +398,7 @@ duplicate_wait_ms = 5000
       });
     };
     node.killAgent = (signal = "SIGKILL") => stop(node.agent, signal);
-    node.startApp = async (extra = []) => {
+    node.startApp = node.startApp ?? (async (extra = []) => {
       node.appArgs = extra;
       node.app = launch(`app ${id}`, join(binDir, "callfence-demo-app"), [
         "--listen",
@@ -383,8 +410,8 @@ duplicate_wait_ms = 5000
         ...extra,
       ]);
       await waitFor(`app ${id} to serve`, async () => (await fetch(`${node.appUrl}/callfence/status`)).ok);
-    };
-    node.killApp = () => stop(node.app);
+    });
+    node.killApp = node.killApp ?? (() => stop(node.app));
     /** What the demo app was handed: { event_id: { event_type, count } }. */
     node.appEvents = async () => {
       const res = await fetch(`${node.appUrl}/demo/events`);
@@ -412,6 +439,7 @@ duplicate_wait_ms = 5000
       await n.killApp();
     }
     await telnyx.close();
+    for (const n of Object.values(cluster.nodes)) await n.closeTunnel?.();
     await edge.dispose();
     rmSync(work, { recursive: true, force: true });
   };
@@ -429,6 +457,135 @@ duplicate_wait_ms = 5000
     throw e;
   }
   return cluster;
+}
+
+/**
+ * Gives `node` a releases layout: a bare remote whose first commit is
+ * checked out (and built) as the current release, the supervisor script,
+ * and a fake tunnel in front of the agent's public probe URL. Adds
+ * `node.commit(name, files)` (a branch off the first commit in the remote;
+ * a file whose content is null is deleted) returning the new SHA.
+ */
+async function makeDeployable(node, binDir, { app, origin }) {
+  const { dir, id } = node;
+  const src = join(dir, "src");
+  const remote = join(dir, "remote.git");
+  mkdirSync(src, { recursive: true });
+  spawnSync("git", ["init", "-q", "--bare", remote]);
+  git(src, "init", "-q");
+  writeFileSync(join(src, "app.txt"), `voice app for ${id}, release 1\n`);
+  writeFileSync(join(src, "build.sh"), "mkdir -p build && cp app.txt build/app.out\n");
+  writeFileSync(join(src, ".gitignore"), "build/\n");
+  git(src, "add", ".");
+  git(src, "commit", "-q", "-m", "release 1");
+  git(src, "push", "-q", remote, "HEAD:refs/heads/main");
+  const first = git(src, "rev-parse", "HEAD");
+  node.remote = remote;
+  node.firstSha = first;
+  node.commit = (name, files) => {
+    git(src, "checkout", "-q", "-B", name, first);
+    for (const [path, content] of Object.entries(files)) {
+      if (content === null) rmSync(join(src, path), { force: true });
+      else writeFileSync(join(src, path), content);
+    }
+    git(src, "add", "-A");
+    git(src, "commit", "-q", "--allow-empty", "-m", name);
+    git(src, "push", "-q", "-f", remote, `${name}:refs/heads/${name}`);
+    return git(src, "rev-parse", "HEAD");
+  };
+  const releases = join(dir, "releases");
+  const release = join(releases, first);
+  mkdirSync(release, { recursive: true });
+  git(release, "init", "-q");
+  git(release, "fetch", "-q", remote, first);
+  git(release, "checkout", "-q", "--detach", first);
+  spawnSync("sh", ["build.sh"], { cwd: release });
+  const current = join(dir, "current");
+  symlinkSync(release, current);
+  node.runtime = current;
+  node.sha = first;
+  node.releasesDir = releases;
+
+  const pidFile = join(dir, "app.pid");
+  pidFiles.add(pidFile);
+  const broken = join(dir, "tunnel-broken");
+  const script = join(dir, "restart.sh");
+  writeFileSync(
+    script,
+    `#!/bin/sh
+# The supervisor: stop the app, start it again from current.
+pidfile='${pidFile}'
+if [ -f "$pidfile" ]; then
+  pid=$(cat "$pidfile")
+  kill "$pid" 2>/dev/null
+  i=0
+  while kill -0 "$pid" 2>/dev/null && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+fi
+cur=$(readlink -f '${current}')
+flags=""
+[ -f "$cur/NOT_READY" ] && flags="$flags --not-ready"
+[ -f "$cur/WRONG_SHA" ] && flags="$flags --sha 0000000000000000000000000000000000000000"
+[ -f "$cur/REFUSE_PROBES" ] && flags="$flags --refuse-probes"
+if [ -f "$cur/BREAK_TUNNEL" ]; then touch '${broken}'; else rm -f '${broken}'; fi
+'${join(binDir, "callfence-demo-app")}' --listen 127.0.0.1:${app} --agent '${node.localUrl}' --line '${LINE.id}=${LINE.number}' --checkout "$cur" $flags >> '${join(dir, "app.log")}' 2>&1 < /dev/null &
+echo $! > "$pidfile"
+`,
+  );
+  // The node's "tunnel": carries the public probe URL to the agent's origin listener.
+  const tunnel = createServer(async (req, res) => {
+    if (existsSync(broken)) {
+      res.writeHead(502).end("tunnel down");
+      return;
+    }
+    try {
+      const r = await fetch(`http://127.0.0.1:${origin}/callfence/health`);
+      res.writeHead(r.status, { "content-type": "application/json" }).end(await r.text());
+    } catch {
+      res.writeHead(502).end("agent unreachable");
+    }
+  });
+  await new Promise((resolve) => tunnel.listen(0, "127.0.0.1", resolve));
+  node.probeUrl = `http://127.0.0.1:${tunnel.address().port}/callfence/health`;
+  node.closeTunnel = () => new Promise((resolve) => tunnel.close(resolve));
+  node.deployToml = `
+[deploy]
+remote = "${remote}"
+releases_dir = "${releases}"
+current = "${current}"
+build = "sh build.sh"
+artifacts = ["build/app.out"]
+restart = "sh ${script}"
+health_timeout = "10s"
+drain_deadline = "30s"
+keep = 2
+`;
+  node.startApp = async () => {
+    const r = spawnSync("sh", [script], { encoding: "utf8" });
+    if (r.status !== 0) throw new Error(`restart.sh: ${r.stderr}`);
+    await waitFor(`app ${id} to serve`, async () => (await fetch(`${node.appUrl}/callfence/status`)).ok);
+  };
+  node.killApp = async () => killPidFile(pidFile);
+  /** Runs `deploy`/`rollback`/`releases` with --json; { code, out, stderr }. */
+  node.deployCli = (...args) =>
+    new Promise((resolve) => {
+      const child = spawn(join(binDir, "callfence-agent"), ["--config", node.configPath, ...args], { stdio: ["ignore", "pipe", "pipe"] });
+      live.add(child);
+      let stdout = "";
+      let stderr = "";
+      child.stdout.on("data", (c) => (stdout += c));
+      child.stderr.on("data", (c) => (stderr += c));
+      child.on("exit", (code) => {
+        live.delete(child);
+        let out = null;
+        try {
+          out = JSON.parse(stdout.trim().split("\n").pop());
+        } catch {
+          // not JSON
+        }
+        resolve({ code, out, stdout, stderr, child });
+      });
+      node.lastCli = child;
+    });
 }
 
 /** The routing policy used by the suites: the line prefers M1 and falls back to M2; the canary caller prefers M3. */

@@ -86,6 +86,7 @@ test("make dev runs the demo nodes, a demo call is answered, and stopping leaves
     for (const node of ["M1", "M2", "M3"]) assert.match(out, new RegExp(`${node} .* eligible`), out);
     pids = JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")).children.map((c) => c.pid);
     assert.equal(pids.length, 8, "workerd, the fake Telnyx API, and an agent and an app per node");
+    const recorded = () => JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")).children.map((c) => c.pid);
     for (const file of ["keys/telnyx.seed", "keys/admin-token", "nodes/M1/node.key"]) {
       assert.equal(statSync(join(dir, file)).mode & 0o777, 0o600, file);
     }
@@ -99,6 +100,16 @@ test("make dev runs the demo nodes, a demo call is answered, and stopping leaves
     assert.match(call.stdout, /owner M3 at epoch \d+, state answered, fence granted/);
     assert.match(call.stdout, /call\.hangup: 200 .*the call is now ended/);
     assert.match(out, /fake Telnyx: answer v3:demo-/);
+
+    // The README's deploy: M3 runs from releases/current; deploy the demo app repo's HEAD.
+    const head = (await run("git", ["-C", join(dir, "demo-app"), "rev-parse", "HEAD"])).stdout.trim();
+    const deployed = await run(join(bins, "callfence-agent"), ["--config", join(dir, "nodes/M3/agent.toml"), "deploy", "--sha", head, "--json"], { env });
+    assert.equal(deployed.status, 0, `${deployed.stdout}\n${deployed.stderr}`);
+    const result = JSON.parse(deployed.stdout.trim());
+    assert.equal(result.live, head, deployed.stdout);
+    assert.equal(result.mode, "active");
+    // The restarted app is a new process: it must be gone at the end too.
+    pids = [...new Set([...pids, ...recorded()])];
   } finally {
     if (dev.exitCode === null) dev.kill("SIGTERM");
     let timer;

@@ -6,6 +6,11 @@
 //! `call.hangup`. `GET /demo/events` lists every webhook it was handed (event
 //! id, type and how many times), and `--slow-ms` delays each webhook answer,
 //! so the end-to-end suite can see re-deliveries and crash in mid-delivery.
+//!
+//! L5 probes (SPEC §14): a webhook carrying `Callfence-Probe: <nonce>` is
+//! answered `{"probe":<nonce>,"sha":<its SHA>}` (503 with `--refuse-probes`)
+//! and listed under `probes` in `/demo/events`. Its SHA is `--sha`, else the
+//! HEAD of `--checkout` read once at start; it is also in the status.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -13,7 +18,8 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
@@ -44,6 +50,15 @@ struct Args {
     /// Wait this long before answering each webhook (a slow app).
     #[arg(long, default_value_t = 0)]
     slow_ms: u64,
+    /// The commit this app reports (overrides --checkout).
+    #[arg(long)]
+    sha: Option<String>,
+    /// The checkout the app runs from: its HEAD is the SHA it reports.
+    #[arg(long, value_name = "DIR")]
+    checkout: Option<std::path::PathBuf>,
+    /// Answer L5 probes with 503 (a release that breaks the public path).
+    #[arg(long)]
+    refuse_probes: bool,
 }
 
 struct App {
@@ -52,7 +67,24 @@ struct App {
     calls: Mutex<BTreeMap<String, String>>,
     /// Every webhook handed over, in arrival order: (event id, event type).
     events: Mutex<Vec<(String, String)>>,
+    /// The nonce of every probe handed over.
+    probes: Mutex<Vec<String>>,
+    /// The SHA it reports, if known.
+    sha: Option<String>,
     http: reqwest::Client,
+}
+
+/// `git rev-parse HEAD` of `dir`.
+fn head_of(dir: &std::path::Path) -> Option<String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -67,11 +99,17 @@ async fn main() -> Result<(), String> {
         lines.insert(id.to_string(), number.to_string());
     }
     let listen = args.listen;
+    let sha = args
+        .sha
+        .clone()
+        .or_else(|| args.checkout.as_deref().and_then(head_of));
     let app = Arc::new(App {
         args,
         lines,
         calls: Mutex::new(BTreeMap::new()),
         events: Mutex::new(Vec::new()),
+        probes: Mutex::new(Vec::new()),
+        sha,
         http: reqwest::Client::new(),
     });
     let router = Router::new()
@@ -95,6 +133,7 @@ async fn status(State(app): State<Arc<App>>) -> Json<Value> {
         "active_calls": calls.len(),
         "max_calls": app.args.max_calls,
         "lines": app.lines,
+        "sha": app.sha,
         "calls": calls.iter().map(|(ccid, s)| json!({"call_control_id": ccid, "call_session_id": s})).collect::<Vec<_>>(),
     }))
 }
@@ -105,12 +144,32 @@ async fn events(State(app): State<Arc<App>>) -> Json<Value> {
     for (id, kind) in events {
         counts.entry(id).or_insert((kind, 0)).1 += 1;
     }
+    let probes = app.probes.lock().unwrap_or_else(|p| p.into_inner()).clone();
     Json(
-        json!({"events": counts.iter().map(|(id, (kind, n))| json!({"event_id": id, "event_type": kind, "count": n})).collect::<Vec<_>>()}),
+        json!({"events": counts.iter().map(|(id, (kind, n))| json!({"event_id": id, "event_type": kind, "count": n})).collect::<Vec<_>>(),
+               "probes": probes}),
     )
 }
 
-async fn webhook(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Json<Value> {
+async fn webhook(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(nonce) = headers.get("callfence-probe").and_then(|v| v.to_str().ok()) {
+        app.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(nonce.to_string());
+        if app.args.refuse_probes {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"refused": true})),
+            )
+                .into_response();
+        }
+        return Json(json!({"probe": nonce, "sha": app.sha})).into_response();
+    }
+    call_event(app, headers, body).await.into_response()
+}
+
+async fn call_event(app: Arc<App>, headers: HeaderMap, body: Bytes) -> Json<Value> {
     let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let kind = event["data"]["event_type"]
         .as_str()

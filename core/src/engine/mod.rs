@@ -6,7 +6,7 @@
 //! in four kinds, as in quinn-proto:
 //! - `handle_*(…, now_ms)`: an incoming request or event ([`Engine::handle_webhook`],
 //!   [`Engine::handle_report`], [`Engine::handle_heartbeat`], [`Engine::handle_fence`],
-//!   [`Engine::handle_claim`], [`Engine::handle_media_verify`]);
+//!   [`Engine::handle_claim`], [`Engine::handle_media_verify`], [`Engine::handle_probe`]);
 //! - mutators for operator commands ([`Engine::put_document`]);
 //! - [`Engine::poll_alarm`]: what the Dispatcher must do when its alarm fires
 //!   (forwards to make) and when it should fire next;
@@ -46,6 +46,7 @@ mod fencing;
 mod ingress;
 mod nodes;
 pub(crate) mod ownership;
+mod probes;
 pub(crate) mod queries;
 mod reports;
 mod requests;
@@ -58,6 +59,7 @@ pub use documents::DocError;
 pub use fencing::{ClaimReply, FenceGrant, FenceRefusal, FenceReply, MediaRefusal, MediaReply};
 pub use ingress::{Delivered, Ingress, PendingReason};
 pub use nodes::{Caller, HeartbeatRefusal, NodeKey};
+pub use probes::ProbeAdmission;
 pub use reports::{
     may_reforward, Report, ReportEffect, ReportedAnswer, MAX_HOPS, MIN_REFORWARD_BUDGET_MS,
 };

@@ -183,6 +183,7 @@ impl<S: Store> Engine<S> {
                 &reasons,
                 now_ms,
                 RoutingView::of(lines),
+                entry.allowed_shas.clone(),
             ))
             .map_err(|_| EngineError::Corrupt("heartbeat answer".into()))?;
             self.q().store_beat(
