@@ -23,7 +23,7 @@ step "cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test --workspace (the simulation's debug build runs a short form; the release run below runs it in full)"
-CALLFENCE_SIM_SCHEDULES=20 cargo test --workspace
+CALLFENCE_SIM_SCHEDULES=60 cargo test --workspace
 
 step "cargo doc (no deps, -D warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
