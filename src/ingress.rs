@@ -151,14 +151,7 @@ async fn forward_and_report(
         let (answer, origin_wait) = forward::send_timed(&forward, &edge, budget_ms, sent_at).await;
         let spent = now_ms() - sent_at;
         let early = answer.class().early_answer();
-        let report = Report {
-            event_id: forward.event_id.clone(),
-            epoch: forward.epoch,
-            attempt: forward.attempt,
-            hop,
-            answer,
-            budget_left_ms: (budget_ms - spent).min(total),
-        };
+        let report = Report::of(&forward, hop, answer, (budget_ms - spent).min(total));
         let request = ProtocolRequest::Report { report };
         let tx = match early {
             EarlyAnswer::Delivered => {

@@ -34,18 +34,12 @@ pub async fn send_and_report<S: Store>(
     let sent_at = now_ms();
     let (answer, waited) = forward::send_timed(forward, edge, budget_ms, sent_at).await;
     let now = now_ms();
-    let report = Report {
-        event_id: forward.event_id.clone(),
-        epoch: forward.epoch,
-        attempt: forward.attempt,
-        hop,
-        answer,
-        budget_left_ms: if reforward {
-            (budget_ms - (now - sent_at)).max(0)
-        } else {
-            0
-        },
+    let budget_left_ms = if reforward {
+        (budget_ms - (now - sent_at)).max(0)
+    } else {
+        0
     };
+    let report = Report::of(forward, hop, answer, budget_left_ms);
     Ok((engine.handle_report(&report, now)?, waited))
 }
 

@@ -97,19 +97,14 @@ impl DurableObject for Dispatcher {
         } else {
             0
         };
-        let (statements, sql_ms) = self.engine.store().spent();
-        let done = now_ms();
-        self.profile.borrow_mut().record(
+        self.record(
             message.request.op(),
-            &OpProfile {
-                count: 1,
-                total_ms: done - arrived,
-                decode_ms: decoded - arrived,
-                serve_ms: served - decoded - origin_ms,
+            Marks {
+                arrived,
+                decoded,
+                served,
                 origin_ms,
-                sql_ms: sql_ms - spent_before.1,
-                statements: statements - spent_before.0,
-                arm_ms: done - served,
+                spent_before,
                 alarm_api_calls,
             },
         );
@@ -138,27 +133,52 @@ impl DurableObject for Dispatcher {
         }
         let armed = now_ms();
         let alarm_api_calls = self.arm().await?;
-        let (statements, sql_ms) = self.engine.store().spent();
-        let done = now_ms();
-        self.profile.borrow_mut().record(
+        self.record(
             "alarm",
-            &OpProfile {
-                count: 1,
-                total_ms: done - arrived,
-                serve_ms: armed - arrived - origin_ms,
+            Marks {
+                arrived,
+                decoded: arrived,
+                served: armed,
                 origin_ms,
-                sql_ms: sql_ms - spent_before.1,
-                statements: statements - spent_before.0,
-                arm_ms: done - armed,
+                spent_before,
                 alarm_api_calls,
-                ..OpProfile::default()
             },
         );
         Response::ok("")
     }
 }
 
+/// When one request's parts ended, for its profile.
+struct Marks {
+    arrived: i64,
+    decoded: i64,
+    served: i64,
+    origin_ms: i64,
+    spent_before: (u64, i64),
+    alarm_api_calls: u64,
+}
+
 impl Dispatcher {
+    /// Adds one request of `op` to the profile; it ends now.
+    fn record(&self, op: &'static str, m: Marks) {
+        let (statements, sql_ms) = self.engine.store().spent();
+        let done = now_ms();
+        self.profile.borrow_mut().record(
+            op,
+            &OpProfile {
+                count: 1,
+                total_ms: done - m.arrived,
+                decode_ms: m.decoded - m.arrived,
+                serve_ms: m.served - m.decoded - m.origin_ms,
+                origin_ms: m.origin_ms,
+                sql_ms: sql_ms - m.spent_before.1,
+                statements: statements - m.spent_before.0,
+                arm_ms: done - m.served,
+                alarm_api_calls: m.alarm_api_calls,
+            },
+        );
+    }
+
     /// Arms the alarm for the earliest pending work, unless it is already
     /// armed for earlier (known from memory, else asked of storage once).
     /// Returns how many calls it made to the runtime's alarm API.

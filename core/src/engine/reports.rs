@@ -29,6 +29,21 @@ fn first_hop() -> u32 {
     1
 }
 
+impl Report {
+    /// The report of `forward`'s outcome, as forward number `hop` of its
+    /// webhook, with `budget_left_ms` of the carrier's budget still to use.
+    pub fn of(forward: &Forward, hop: u32, answer: ReportedAnswer, budget_left_ms: i64) -> Self {
+        Self {
+            event_id: forward.event_id.clone(),
+            epoch: forward.epoch,
+            attempt: forward.attempt,
+            hop,
+            answer,
+            budget_left_ms,
+        }
+    }
+}
+
 /// One attempt's outcome, as the Worker (or the alarm) reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
