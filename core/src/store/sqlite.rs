@@ -11,19 +11,26 @@ pub struct SqliteStore {
     conn: Connection,
 }
 
+/// Prepared statements kept per connection: more than the engine's distinct
+/// statements, so none is parsed again (rusqlite keeps 16 by default).
+const STATEMENT_CACHE: usize = 256;
+
 impl SqliteStore {
+    fn wrap(conn: Connection) -> Self {
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        Self { conn }
+    }
+
     /// An in-memory database.
     pub fn in_memory() -> Result<Self, StoreError> {
         Connection::open_in_memory()
-            .map(|conn| Self { conn })
+            .map(Self::wrap)
             .map_err(to_error)
     }
 
     /// A database file at `path`.
     pub fn open(path: &std::path::Path) -> Result<Self, StoreError> {
-        Connection::open(path)
-            .map(|conn| Self { conn })
-            .map_err(to_error)
+        Connection::open(path).map(Self::wrap).map_err(to_error)
     }
 }
 
