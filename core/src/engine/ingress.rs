@@ -247,6 +247,12 @@ impl<S: Store> Engine<S> {
                 Ok(Ingress::InProgress)
             }
             st::FORWARDING | st::UNKNOWN | st::QUEUED | st::PENDING => {
+                if event.state == st::FORWARDING {
+                    // The lease lapsed with no report: the outcome is
+                    // unknown and the call stays put at this epoch, exactly
+                    // as when the alarm finds the lapse first (SPEC §7.3).
+                    self.mark_unknown(&event, now_ms)?;
+                }
                 let session = match event.call_session_id.as_deref() {
                     Some(id) => self.load_session(id)?,
                     None => None,
