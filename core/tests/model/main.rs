@@ -102,20 +102,10 @@ fn replay() {
     }
 }
 
-/// The bounds a planted bug is searched in: one call, two nodes, one beat
-/// each, one clock advance, and what `more` adds.
+/// The bounds a planted bug is searched in: the `short` ones (one call, two
+/// nodes, one beat each, one clock advance) and what `more` adds.
 fn plant_bounds(more: impl FnOnce(&mut Bounds)) -> Bounds {
-    let mut b = Bounds {
-        calls: 1,
-        deliveries: 2,
-        hangups: 0,
-        beats: 1,
-        restarts: 0,
-        writes: 0,
-        advances: 1,
-        failover: false,
-        ..Bounds::preset("smoke")
-    };
+    let mut b = Bounds::preset("short");
     more(&mut b);
     b
 }

@@ -118,27 +118,20 @@ impl Bounds {
                     .unwrap_or_else(|_| panic!("CALLFENCE_MODEL_{name}={v} is not a number")),
             )
         };
-        let small = |v: i64| u8::try_from(v).expect("a bound of at most 255");
         if let Some(v) = var("CALLS") {
             b.calls = v.clamp(1, 4) as usize;
         }
-        if let Some(v) = var("DELIVERIES") {
-            b.deliveries = small(v);
-        }
-        if let Some(v) = var("HANGUPS") {
-            b.hangups = small(v);
-        }
-        if let Some(v) = var("BEATS") {
-            b.beats = small(v);
-        }
-        if let Some(v) = var("RESTARTS") {
-            b.restarts = small(v);
-        }
-        if let Some(v) = var("WRITES") {
-            b.writes = small(v);
-        }
-        if let Some(v) = var("ADVANCES") {
-            b.advances = small(v);
+        for (name, bound) in [
+            ("DELIVERIES", &mut b.deliveries),
+            ("HANGUPS", &mut b.hangups),
+            ("BEATS", &mut b.beats),
+            ("RESTARTS", &mut b.restarts),
+            ("WRITES", &mut b.writes),
+            ("ADVANCES", &mut b.advances),
+        ] {
+            if let Some(v) = var(name) {
+                *bound = u8::try_from(v).expect("a bound of at most 255");
+            }
         }
         if let Some(v) = var("HORIZON_S") {
             b.horizon_ms = v * 1000;
