@@ -1,6 +1,6 @@
 # callfence: every command sets itself up first (scripts/setup.sh is
 # idempotent), so a fresh machine needs only Rust, Node 20 and npm.
-.PHONY: build test dev demo-call bench
+.PHONY: build test dev demo-call bench model-check
 
 ## build: the Worker into build/ (index.js, index_bg.wasm), offline
 build:
@@ -23,3 +23,9 @@ demo-call:
 ## bench: the benchmarks, with the conditions they ran under
 bench:
 	bash scripts/bench.sh
+
+## model-check: the exhaustive model check at its default (full) bounds,
+## release build; CALLFENCE_MODEL_* variables override each bound
+model-check:
+	bash scripts/setup.sh
+	bash scripts/model-check.sh

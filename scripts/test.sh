@@ -46,6 +46,10 @@ step "simulation (release, ${CALLFENCE_SIM_SCHEDULES:-2000} schedules)"
 CALLFENCE_SIM_SCHEDULES="${CALLFENCE_SIM_SCHEDULES:-2000}" \
   cargo test --release -p callfence-core --test sim -- --nocapture
 
+step "model check (release, short bounds) and its planted bugs"
+CALLFENCE_MODEL="${CALLFENCE_MODEL:-short}" \
+  cargo test --release -p callfence-core --test model -- --nocapture
+
 step "make build"
 make build
 

@@ -3,7 +3,7 @@
 //! # One crossing per statement
 //!
 //! Each statement is one call into a small JavaScript helper
-//! ([`glue`]) that runs `sql.exec(query, ...bindings)` and hands every row
+//! (`callfence_exec`, inline in this module) that runs `sql.exec(query, ...bindings)` and hands every row
 //! back at once as one JSON text (`cursor.raw().toArray()`), which the wasm
 //! side parses. Going through workers-rs's cursor instead costs a crossing
 //! per row and several per column (iterator, `done`, `value`, one type test

@@ -1,6 +1,6 @@
 //! The sequences: [`deploy`], [`rollback`] and [`recover`] (an agent that
-//! starts with an unfinished journal). All three end in [`go_live`] or
-//! [`restore`], so the node only becomes active again on a release that
+//! starts with an unfinished journal). All three end in `go_live` or
+//! `restore`, so the node only becomes active again on a release that
 //! passed health, connector and L5 just now.
 
 use std::sync::Arc;

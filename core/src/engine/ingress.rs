@@ -242,9 +242,24 @@ impl<S: Store> Engine<S> {
                     Some(id) => self.q().session(id)?,
                     None => None,
                 };
-                let Some(session) = session else {
+                let Some(mut session) = session else {
                     return Ok(Ingress::Unroutable);
                 };
+                if event.state == st::FORWARDING {
+                    // The lease lapsed with no report: the outcome is
+                    // unknown and the call stays put at this epoch, exactly
+                    // as when the alarm finds the lapse first (SPEC §7.3).
+                    let owned = match Ownership::of(session.clone()) {
+                        Ownership::Owned(owned) => Some(owned),
+                        _ => None,
+                    };
+                    if let Some(owned) = owned {
+                        self.mark_unknown(&event, Some(owned), now_ms)?;
+                        session = self.q().session(&session.id)?.unwrap_or(session);
+                    } else {
+                        self.mark_unknown(&event, None, now_ms)?;
+                    }
+                }
                 let session = match Ownership::of(session) {
                     Ownership::Unowned(u) => {
                         match self.place(

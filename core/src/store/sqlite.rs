@@ -6,33 +6,31 @@ use super::{Row, Store, StoreError, Value};
 use rusqlite::types::ValueRef;
 use rusqlite::Connection;
 
-/// Prepared statements kept per connection.
-const STATEMENT_CACHE: usize = 128;
-
 /// A [`Store`] over one rusqlite connection.
 pub struct SqliteStore {
     conn: Connection,
 }
 
+/// Prepared statements kept per connection: more than the engine's distinct
+/// statements, so none is parsed again (rusqlite keeps 16 by default).
+const STATEMENT_CACHE: usize = 256;
+
 impl SqliteStore {
+    fn wrap(conn: Connection) -> Self {
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        Self { conn }
+    }
+
     /// An in-memory database.
     pub fn in_memory() -> Result<Self, StoreError> {
         Connection::open_in_memory()
-            .map(Self::with)
+            .map(Self::wrap)
             .map_err(to_error)
     }
 
     /// A database file at `path`.
     pub fn open(path: &std::path::Path) -> Result<Self, StoreError> {
-        Connection::open(path).map(Self::with).map_err(to_error)
-    }
-
-    /// Keeps every statement the engine runs prepared (rusqlite's default
-    /// cache of 16 is smaller than the engine's set of statements, and
-    /// re-preparing costs more than running most of them).
-    fn with(conn: Connection) -> Self {
-        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        Self { conn }
+        Connection::open(path).map(Self::wrap).map_err(to_error)
     }
 }
 

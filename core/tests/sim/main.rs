@@ -13,7 +13,9 @@
 //! `CALLFENCE_SIM_SCHEDULES` sets the number of schedules (`make test` runs
 //! at least 2,000); `CALLFENCE_SIM_SEED` replays one schedule.
 
-mod checker;
+#[allow(dead_code)]
+#[path = "../common/mod.rs"]
+mod common;
 mod world;
 
 use world::World;

@@ -1,24 +1,21 @@
 //! The simulated world: carrier, nodes, operators and the Worker's glue
 //! around the real engine.
 
-use crate::checker::{AssignmentEvidence, Checker, Observation, Ownership, Snapshot};
+use crate::common::checker::{Checker, Observation, Snapshot};
+use crate::common::fixtures::{self, BeatSpec, Keys, T0};
+use crate::common::observe;
 use callfence_core::document::DocKind;
 use callfence_core::eligibility::is_valid_sha;
-use callfence_core::encoding::b64_encode;
 use callfence_core::engine::{
     Caller, ClaimReply, ClaimRequest, Engine, EngineConfig, FenceReply, FenceRequest, Forward,
     HeartbeatRefusal, Ingress, MediaReply, Report, ReportEffect, ReportedAnswer, Timing,
 };
-use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, Mode, HEARTBEAT_SCHEMA};
-use callfence_core::media::MediaKeys;
+use callfence_core::heartbeat::{Mode, HEARTBEAT_SCHEMA};
 use callfence_core::store::sqlite::SqliteStore;
 use callfence_core::store::{migrate, Store, Value};
-use callfence_core::telnyx::{self, TelnyxKeys};
-use ed25519_dalek::{Signer, SigningKey};
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-const T0: i64 = 1_796_000_000_000;
 const LINES: [(&str, &str); 2] = [
     ("property_management_ca", "+15102160079"),
     ("front_desk", "+15105550123"),
@@ -95,16 +92,13 @@ pub struct World {
     engine: Option<Engine<SqliteStore>>,
     config: EngineConfig,
     nodes: Vec<SimNode>,
-    telnyx_key: SigningKey,
-    telnyx_keys: TelnyxKeys,
-    media_keys: MediaKeys,
+    keys: Keys,
     events: Vec<CallEvent>,
     deliveries: Vec<Delivery>,
     reports: Vec<LateReport>,
     next_alarm: Option<i64>,
     next_beat: i64,
     obs: Vec<Observation>,
-    recorded: HashMap<String, String>,
     last_decision: i64,
     calls: u64,
     pub checker: Checker,
@@ -118,10 +112,6 @@ pub struct World {
     pub unknown_keys: u64,
     /// Steps after which the alarm's due time was checked with work pending.
     pub alarm_checks: u64,
-}
-
-fn node_key(i: usize) -> SigningKey {
-    SigningKey::from_bytes(&[i as u8 + 1; 32])
 }
 
 impl World {
@@ -140,11 +130,6 @@ impl World {
                 ..Timing::default()
             },
         };
-        let telnyx_key = SigningKey::from_bytes(&[42; 32]);
-        let telnyx_keys =
-            TelnyxKeys::parse(&b64_encode(telnyx_key.verifying_key().as_bytes())).expect("keys");
-        let media_keys =
-            MediaKeys::parse(&format!("m1:{}", b64_encode(&[7u8; 32]))).expect("media keys");
         let mut rng = Rng(seed);
         let nodes = NODES
             .iter()
@@ -166,16 +151,13 @@ impl World {
             engine: Some(Engine::new(store, config.clone())),
             config,
             nodes,
-            telnyx_key,
-            telnyx_keys,
-            media_keys,
+            keys: Keys::new(),
             events: Vec::new(),
             deliveries: Vec::new(),
             reports: Vec::new(),
             next_alarm: None,
             next_beat: T0,
             obs: Vec::new(),
-            recorded: HashMap::new(),
             last_decision: 0,
             calls: 0,
             checker: Checker::default(),
@@ -201,12 +183,7 @@ impl World {
             .enumerate()
             .map(|(i, id)| {
                 let role = if *id == "M3" { "candidate" } else { "stable" };
-                (
-                    id.to_string(),
-                    json!({"role": role, "origin_url": format!("https://{}.example.com/callfence/telnyx", id.to_lowercase()),
-                           "keys": {"k1": b64_encode(node_key(i).verifying_key().as_bytes())},
-                           "canary_go": true, "fallback_approved": false, "admin_drained": false, "max_calls": 3}),
-                )
+                (id.to_string(), fixtures::registry_entry(i, role, false))
             })
             .collect();
         let registry = json!({"schema": "callfence_nodes_v1", "nodes": nodes});
@@ -290,9 +267,9 @@ impl World {
             .enumerate()
         {
             let event_id = format!("evt-{}-{i}", self.calls);
-            let body = json!({"data": {"id": event_id, "event_type": event_type, "record_type": "event",
-                "payload": {"call_session_id": session, "call_control_id": ccid, "from": from, "to": to, "direction": "incoming"}}})
-            .to_string();
+            let body = fixtures::event_body(
+                &event_id, event_type, &session, &ccid, from, &to, "incoming",
+            );
             self.events.push(CallEvent {
                 event_id,
                 event_type,
@@ -340,23 +317,7 @@ impl World {
     fn webhook(&mut self, idx: usize) -> bool {
         let body = self.events[idx].body.clone();
         let event_id = self.events[idx].event_id.clone();
-        let ts = (self.now / 1000).to_string();
-        let sig = b64_encode(
-            &self
-                .telnyx_key
-                .sign(format!("{ts}|{body}").as_bytes())
-                .to_bytes(),
-        );
-        telnyx::verify(
-            &self.telnyx_keys,
-            Some(&sig),
-            Some(&ts),
-            body.as_bytes(),
-            self.now,
-        )
-        .expect("signed");
-        let envelope = telnyx::parse_envelope(body.as_bytes()).expect("envelope");
-        let headers = vec![("telnyx-timestamp".to_string(), ts)];
+        let (envelope, headers) = self.keys.signed_webhook(&body, self.now);
         let ingress = self
             .engine()
             .handle_webhook(&envelope, &body, &headers, self.now)
@@ -366,12 +327,8 @@ impl World {
             Ingress::Forward(f) => self.forward(f, 1_500, 1),
             Ingress::Delivered(d) => {
                 let answer = format!("{}/{}", d.delivered_to, d.epoch);
-                let recorded = self.recorded.get(&event_id).cloned();
-                self.obs.push(Observation::DuplicateAnswered {
-                    event_id,
-                    answer,
-                    recorded,
-                });
+                self.obs
+                    .push(Observation::DuplicateAnswered { event_id, answer });
                 true
             }
             Ingress::Ignored | Ingress::Unroutable => true,
@@ -513,9 +470,10 @@ impl World {
         self.after_store_change();
         match effect {
             ReportEffect::Delivered(d) => {
-                self.recorded
-                    .entry(d.event_id.clone())
-                    .or_insert(format!("{}/{}", d.delivered_to, d.epoch));
+                self.obs.push(Observation::Delivered {
+                    answer: format!("{}/{}", d.delivered_to, d.epoch),
+                    event_id: d.event_id,
+                });
                 true
             }
             ReportEffect::Reassigned(next) => {
@@ -561,12 +519,17 @@ impl World {
         let id = self.nodes[node].id;
         let reply = self
             .engine()
-            .handle_fence(signed(id), &req, &self.media_keys, self.now)
+            .handle_fence(signed(id), &req, &self.keys.media_keys, self.now)
             .expect("fence");
         if let FenceReply::Granted(g) = reply {
             if g.first {
                 self.fences += 1;
             }
+            self.obs.push(Observation::FenceGranted {
+                session: session.into(),
+                node: id.into(),
+                epoch: g.epoch,
+            });
         }
     }
 
@@ -610,36 +573,17 @@ impl World {
         if !node.alive {
             return;
         }
-        let lines: BTreeMap<String, String> = LINES
-            .iter()
-            .map(|(l, n)| (l.to_string(), n.to_string()))
-            .collect();
         let seq = (node.seq + 1).max(self.now as u64);
-        let hb = Heartbeat {
-            schema: HEARTBEAT_SCHEMA.into(),
-            node: node.id.into(),
+        let spec = BeatSpec {
+            node: node.id,
             seq,
-            sent_at: callfence_core::time::format_ms(self.now),
-            valid_for_s: 15,
             mode: node.mode,
             sha: node.sha.clone(),
             dirty: node.dirty,
-            app_ready: true,
-            capacity: Capacity {
-                max_calls: 3,
-                active_calls: 0,
-            },
-            tunnel_up: true,
-            origin_url: format!(
-                "https://{}.example.com/callfence/telnyx",
-                node.id.to_lowercase()
-            ),
-            routing_hash: routing_hash(&lines),
-            lines,
-            agent_version: "sim".into(),
+            lines: &LINES,
         };
-        let truly = hb.mode == Mode::Active && !hb.dirty && is_valid_sha(&hb.sha);
-        let body = serde_json::to_vec(&hb).expect("json");
+        let truly = spec.mode == Mode::Active && !spec.dirty && is_valid_sha(&spec.sha);
+        let body = fixtures::heartbeat_body(&spec, self.now);
         let id = node.id;
         self.engine()
             .handle_heartbeat(signed(id), self.now / 1000, &body, self.now)
@@ -791,15 +735,7 @@ impl World {
         self.unknown_key_ops();
         // An unsigned webhook never reaches the engine: the Worker's check refuses it.
         let body = br#"{"data":{"id":"forged","event_type":"call.initiated","payload":{"call_session_id":"x"}}}"#;
-        let ts = (self.now / 1000).to_string();
-        assert!(telnyx::verify(
-            &self.telnyx_keys,
-            Some(&b64_encode(&[0u8; 64])),
-            Some(&ts),
-            body,
-            self.now
-        )
-        .is_err());
+        assert!(self.keys.forged_is_refused(body, self.now));
         let after = self.dump();
         self.obs.push(Observation::InvalidInput { before, after });
     }
@@ -836,7 +772,7 @@ impl World {
         let refused = [
             (
                 "fence",
-                e.handle_fence(caller, &fence, &self.media_keys, self.now)
+                e.handle_fence(caller, &fence, &self.keys.media_keys, self.now)
                     .expect("fence")
                     == FenceReply::UnknownNodeKey,
             ),
@@ -854,7 +790,7 @@ impl World {
             ),
             (
                 "media_verify",
-                e.handle_media_verify(caller, "t", &self.media_keys, self.now)
+                e.handle_media_verify(caller, "t", &self.keys.media_keys, self.now)
                     .expect("media")
                     == MediaReply::UnknownNodeKey,
             ),
@@ -879,133 +815,29 @@ impl World {
         rows.first().and_then(|r| r[0].as_int()).map(|e| e as u64)
     }
 
-    /// Every table except the bookkeeping counter of webhook arrival.
     fn dump(&self) -> String {
-        let store = self.engine().store();
-        let mut out = String::new();
-        for table in [
-            "documents",
-            "heartbeats",
-            "node_health",
-            "node_load",
-            "sessions",
-            "legs",
-            "events",
-            "decisions",
-        ] {
-            let rows = store
-                .exec(&format!("SELECT * FROM {table} ORDER BY 1"), &[])
-                .expect("dump");
-            out.push_str(&format!("{table}:{rows:?}\n"));
-        }
-        out
+        observe::dump(self.engine().store())
     }
 
     fn snapshot(&self) -> Snapshot {
-        let store = self.engine().store();
-        let mut snap = Snapshot::default();
-        let rows = store
-            .exec("SELECT call_session_id, owner, epoch, fence_node, fence_epoch, state, created_at FROM sessions", &[])
-            .expect("sessions");
-        for r in rows {
-            let text = |i: usize| r[i].as_text().map(str::to_owned);
-            let fence = match (text(3), r[4].as_int()) {
-                (Some(n), Some(e)) => Some((n, e as u64)),
-                _ => None,
-            };
-            let state = text(5).unwrap_or_default();
-            snap.sessions.insert(
-                text(0).unwrap_or_default(),
-                Ownership {
-                    owner: text(1),
-                    epoch: r[2].as_int().map(|e| e as u64),
-                    fence,
-                    open: state == "assigned" || state == "answered",
-                    created_at_ms: r[6].as_int().unwrap_or(0),
-                },
-            );
-        }
-        for r in store
-            .exec("SELECT event_id FROM events WHERE state = 'delivered'", &[])
-            .expect("events")
-        {
-            snap.delivered
-                .insert(r[0].as_text().unwrap_or_default().to_owned());
-        }
-        for r in store
-            .exec(
-                "SELECT kind, MAX(revision) FROM documents GROUP BY kind",
-                &[],
-            )
-            .expect("docs")
-        {
-            snap.revisions.insert(
-                r[0].as_text().unwrap_or_default().to_owned(),
-                r[1].as_int().unwrap_or(0) as u64,
-            );
-        }
-        for r in store
-            .exec("SELECT node, open_calls FROM node_load", &[])
-            .expect("node_load")
-        {
-            snap.node_load.insert(
-                r[0].as_text().unwrap_or_default().to_owned(),
-                r[1].as_int().unwrap_or(0),
-            );
-        }
-        for r in store
-            .exec(
-                "SELECT node, body, received_at, signed_at FROM heartbeats",
-                &[],
-            )
-            .expect("beats")
-        {
-            let valid_for = serde_json::from_str::<Heartbeat>(r[1].as_text().unwrap_or("{}"))
-                .map(|h| h.valid_for_s)
-                .unwrap_or(0);
-            let received = r[2].as_int().unwrap_or(0);
-            let signed = r[3].as_int().unwrap_or(0);
-            snap.beat_valid_until.insert(
-                r[0].as_text().unwrap_or_default().to_owned(),
-                received.min(signed + 2_000) + i64::from(valid_for) * 1000,
-            );
-        }
-        snap
+        observe::snapshot(self.engine().store())
     }
 
     fn collect_decisions(&mut self) {
-        let rows = self
-            .engine()
-            .store()
-            .exec("SELECT decision_id, body FROM decisions WHERE decision_id > ? ORDER BY decision_id", &[Value::Int(self.last_decision)])
-            .expect("decisions");
-        for r in rows {
-            self.last_decision = r[0].as_int().unwrap_or(0);
-            let d: serde_json::Value =
-                serde_json::from_str(r[1].as_text().unwrap_or("{}")).expect("decision json");
-            let outcome = d["outcome"].as_str().unwrap_or_default();
-            if outcome != "assigned" && outcome != "reassigned" {
-                continue;
-            }
-            let node = d["chosen"].as_str().unwrap_or_default().to_owned();
-            let sim = self.nodes.iter().find(|n| n.id == node);
-            // The beat in force when the decision was made.
-            let at = d["at"]
-                .as_str()
-                .and_then(callfence_core::time::parse_ms)
-                .unwrap_or(self.now);
-            let truly = sim
-                .and_then(|n| n.beats.iter().rev().find(|(sent, _)| *sent <= at))
-                .is_some_and(|(sent, eligible)| *eligible && at - sent <= 17_000);
-            self.obs.push(Observation::Assignment(AssignmentEvidence {
-                node,
-                rule_claim: d["rule"] == "claim",
-                policy_revision: d["policy_revision"].as_u64(),
-                nodes_revision: d["nodes_revision"].as_u64(),
-                chosen_sha: d["chosen_sha"].as_str().map(str::to_owned),
-                chosen_clean: d["chosen_clean"].as_bool(),
-                node_truly_eligible: truly,
-            }));
-        }
+        let nodes = &self.nodes;
+        let now = self.now;
+        let (evidence, last) =
+            observe::new_assignments(self.engine().store(), self.last_decision, |node, at| {
+                // The beat in force when the decision was made.
+                let at = if at == 0 { now } else { at };
+                nodes
+                    .iter()
+                    .find(|n| n.id == node)
+                    .and_then(|n| n.beats.iter().rev().find(|(sent, _)| *sent <= at))
+                    .is_some_and(|(sent, eligible)| *eligible && at - sent <= 17_000)
+            });
+        self.last_decision = last;
+        self.obs
+            .extend(evidence.into_iter().map(Observation::Assignment));
     }
 }

@@ -1,10 +1,17 @@
-//! The invariant checker: fed observations and snapshots of the Dispatcher's
-//! tables after every step, it reports each broken invariant. It knows
-//! nothing of the engine's internals; each invariant has a test below that
-//! hands it a broken history and shows it is reported.
+//! The invariant checker shared by the simulation and the model check: fed
+//! observations and snapshots of the Dispatcher's tables after every step,
+//! it reports each broken invariant. It knows nothing of the engine's
+//! internals; each invariant has a test below that hands it a broken history
+//! and shows it is reported.
+//!
+//! What it remembers across steps beyond the last snapshot (grants and
+//! deliveries it was told of, ambiguous epochs, recorded answers, the highest
+//! epoch) is its history; [`Checker::hash_history`] feeds it to the model
+//! check's state hash.
 
 use callfence_core::engine::{MAX_HOPS, MIN_REFORWARD_BUDGET_MS};
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
 
 /// One session's ownership as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -48,11 +55,16 @@ pub struct AssignmentEvidence {
 pub enum Observation {
     /// The engine asked for a forward of this event.
     Forwarded { event_id: String },
-    /// A duplicate got a delivered answer; `recorded` is what the first delivery recorded.
-    DuplicateAnswered {
-        event_id: String,
-        answer: String,
-        recorded: Option<String>,
+    /// The engine answered that this event is delivered (`node/epoch`): the
+    /// carrier got its 200. The first answer is the recorded one.
+    Delivered { event_id: String, answer: String },
+    /// A duplicate got a delivered answer (`node/epoch`).
+    DuplicateAnswered { event_id: String, answer: String },
+    /// A node was granted a session's answer fence.
+    FenceGranted {
+        session: String,
+        node: String,
+        epoch: u64,
     },
     /// An outcome was reported as ambiguous for this session and epoch.
     Ambiguous { session: String, epoch: u64 },
@@ -120,12 +132,44 @@ pub enum Violation {
     UnknownKeyAccepted(&'static str),
 }
 
+impl Violation {
+    /// The variant's name, without its argument (what a planted bug's test
+    /// looks for).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Violation::SecondFence(_) => "SecondFence",
+            Violation::FenceNotToCurrentOwner(_) => "FenceNotToCurrentOwner",
+            Violation::MovedAfterAmbiguous(_) => "MovedAfterAmbiguous",
+            Violation::StaleReportChangedState => "StaleReportChangedState",
+            Violation::EpochNotIncreasing(_) => "EpochNotIncreasing",
+            Violation::MovedAfterFence(_) => "MovedAfterFence",
+            Violation::ForwardedAfterDelivery(_) => "ForwardedAfterDelivery",
+            Violation::DuplicateAnswerDiffers(_) => "DuplicateAnswerDiffers",
+            Violation::InvalidInputChangedState => "InvalidInputChangedState",
+            Violation::IneligibleChosen(_) => "IneligibleChosen",
+            Violation::AssignmentWithoutEvidence(_) => "AssignmentWithoutEvidence",
+            Violation::RevisionDecreased(_) => "RevisionDecreased",
+            Violation::StaleWriteChangedState => "StaleWriteChangedState",
+            Violation::OpenAfterOwnerLoss(_) => "OpenAfterOwnerLoss",
+            Violation::OpenAfterMaxDuration(_) => "OpenAfterMaxDuration",
+            Violation::OpenCallCountDrift(_) => "OpenCallCountDrift",
+            Violation::AlarmDueWrong { .. } => "AlarmDueWrong",
+            Violation::ReforwardRuleBroken { .. } => "ReforwardRuleBroken",
+            Violation::UnknownKeyAccepted(_) => "UnknownKeyAccepted",
+        }
+    }
+}
+
 /// The checker's memory across steps.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Checker {
     last: Snapshot,
     max_epoch: u64,
     ambiguous: BTreeSet<(String, u64)>,
+    /// Fences the engine granted, as the nodes were told.
+    granted: BTreeMap<String, (String, u64)>,
+    /// Events the carrier was told are delivered, with the first answer.
+    answered: BTreeMap<String, String>,
     pub violations: Vec<Violation>,
 }
 
@@ -139,22 +183,62 @@ impl Checker {
         self.last = after;
     }
 
+    /// The snapshot of the last step.
+    pub fn last(&self) -> &Snapshot {
+        &self.last
+    }
+
+    /// Feeds everything the checker remembers besides the last snapshot
+    /// (which the model check hashes from the tables themselves).
+    pub fn hash_history(&self, state: &mut impl Hasher) {
+        self.max_epoch.hash(state);
+        self.ambiguous.hash(state);
+        self.granted.hash(state);
+        self.answered.hash(state);
+    }
+
     fn observe(&mut self, obs: &Observation, after: &Snapshot) {
         match obs {
             Observation::Forwarded { event_id } => {
-                if self.last.delivered.contains(event_id) {
+                if self.last.delivered.contains(event_id) || self.answered.contains_key(event_id) {
                     self.violations
                         .push(Violation::ForwardedAfterDelivery(event_id.clone()));
                 }
             }
-            Observation::DuplicateAnswered {
-                event_id,
-                answer,
-                recorded,
-            } => {
-                if recorded.as_deref() != Some(answer.as_str()) {
+            Observation::Delivered { event_id, answer } => {
+                self.answered
+                    .entry(event_id.clone())
+                    .or_insert_with(|| answer.clone());
+            }
+            Observation::DuplicateAnswered { event_id, answer } => {
+                if self.answered.get(event_id) != Some(answer) {
                     self.violations
                         .push(Violation::DuplicateAnswerDiffers(event_id.clone()));
+                }
+            }
+            Observation::FenceGranted {
+                session,
+                node,
+                epoch,
+            } => {
+                let grant = (node.clone(), *epoch);
+                match self.granted.get(session) {
+                    Some(first) if *first != grant => {
+                        self.violations
+                            .push(Violation::SecondFence(session.clone()));
+                    }
+                    Some(_) => {}
+                    None => {
+                        // A grant changes no ownership, so the state after
+                        // the step names the owner it was granted under.
+                        let owner = after.sessions.get(session);
+                        let owner_then = owner.and_then(|o| o.owner.clone().zip(o.epoch));
+                        if owner_then != Some(grant.clone()) {
+                            self.violations
+                                .push(Violation::FenceNotToCurrentOwner(session.clone()));
+                        }
+                        self.granted.insert(session.clone(), grant);
+                    }
                 }
             }
             Observation::Ambiguous { session, epoch } => {
@@ -275,6 +359,19 @@ impl Checker {
         for (id, now) in &after.sessions {
             let before = self.last.sessions.get(id);
             let before_epoch = before.and_then(|b| b.epoch);
+            let granted = self.granted.get(id);
+            if granted.is_some_and(|(node, epoch)| {
+                now.owner.as_deref() != Some(node.as_str()) || now.epoch != Some(*epoch)
+            }) {
+                self.violations.push(Violation::MovedAfterFence(id.clone()));
+            }
+            // A new owner always comes with a new epoch.
+            if now.owner.is_some()
+                && before.is_some_and(|b| b.owner != now.owner && b.epoch == now.epoch)
+            {
+                self.violations
+                    .push(Violation::EpochNotIncreasing(id.clone()));
+            }
             if now.epoch != before_epoch {
                 if let Some(epoch) = now.epoch {
                     new_epochs.push((id.clone(), epoch));
@@ -483,15 +580,81 @@ mod tests {
 
     #[test]
     fn a_duplicate_with_another_answer_is_reported() {
-        let v = run(vec![(
-            vec![Observation::DuplicateAnswered {
-                event_id: "e".into(),
-                answer: "M2/2".into(),
-                recorded: Some("M1/1".into()),
-            }],
-            Snapshot::default(),
-        )]);
+        let answer = |a: &str| Observation::Delivered {
+            event_id: "e".into(),
+            answer: a.into(),
+        };
+        let duplicate = |a: &str| Observation::DuplicateAnswered {
+            event_id: "e".into(),
+            answer: a.into(),
+        };
+        let v = run(vec![
+            (vec![answer("M1/1"), duplicate("M1/1")], Snapshot::default()),
+            (vec![answer("M2/2")], Snapshot::default()),
+            (vec![duplicate("M2/2")], Snapshot::default()),
+        ]);
         assert_eq!(v, vec![Violation::DuplicateAnswerDiffers("e".into())]);
+    }
+
+    #[test]
+    fn a_forward_after_a_delivered_answer_is_reported() {
+        let v = run(vec![
+            (
+                vec![Observation::Delivered {
+                    event_id: "e".into(),
+                    answer: "M1/1".into(),
+                }],
+                Snapshot::default(),
+            ),
+            (
+                vec![Observation::Forwarded {
+                    event_id: "e".into(),
+                }],
+                Snapshot::default(),
+            ),
+        ]);
+        assert_eq!(v, vec![Violation::ForwardedAfterDelivery("e".into())]);
+    }
+
+    fn grant(node: &str, epoch: u64) -> Observation {
+        Observation::FenceGranted {
+            session: "s".into(),
+            node: node.into(),
+            epoch,
+        }
+    }
+
+    #[test]
+    fn grants_the_store_forgot_are_still_checked() {
+        // The stored fence never appears: the grants the nodes were told of
+        // are what counts.
+        let s1 = snap(&[("s", owned("M1", 1, false))]);
+        let s2 = snap(&[("s", owned("M2", 2, false))]);
+        let v = run(vec![
+            (vec![], s1.clone()),
+            (vec![grant("M1", 1), grant("M1", 1)], s1),
+            (vec![], s2.clone()),
+            (vec![grant("M2", 2)], s2),
+        ]);
+        assert!(v.contains(&Violation::MovedAfterFence("s".into())), "{v:?}");
+        assert!(v.contains(&Violation::SecondFence("s".into())), "{v:?}");
+        let v = run(vec![(
+            vec![grant("M2", 1)],
+            snap(&[("s", owned("M1", 1, false))]),
+        )]);
+        assert!(
+            v.contains(&Violation::FenceNotToCurrentOwner("s".into())),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_new_owner_under_the_old_epoch_is_reported() {
+        let v = run(vec![
+            (vec![], snap(&[("s", owned("M1", 1, false))])),
+            (vec![], snap(&[("s", owned("M2", 1, false))])),
+        ]);
+        assert_eq!(v, vec![Violation::EpochNotIncreasing("s".into())]);
     }
 
     #[test]
