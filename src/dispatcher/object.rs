@@ -31,10 +31,11 @@ pub struct Dispatcher {
 impl DurableObject for Dispatcher {
     fn new(state: State, env: Env) -> Self {
         let config = Config::get(&env);
-        let store = DoStore::new(&state, config.test.fail_unit_after_writes);
+        let store = DoStore::new(&state);
         let migrated = migrate(&store, now_ms())
             .map(|_| ())
             .map_err(|e| e.to_string());
+        store.arm_fault_switch(config.test.fail_unit_after_writes);
         let engine = Engine::new(store, config.engine());
         Self {
             state,

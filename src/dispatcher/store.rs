@@ -85,8 +85,9 @@ pub struct DoStore {
     depth: Cell<u32>,
     /// Writing statements so far in the current unit (for the fault switch).
     writes: Cell<u32>,
-    /// `CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES`.
-    fail_after_writes: Option<u32>,
+    /// `CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES`, once armed (after the
+    /// migrations: the switch is for the Dispatcher's own units).
+    fail_after_writes: Cell<Option<u32>>,
     /// Statements run since construction (for the profile).
     statements: Cell<u64>,
     /// Milliseconds inside statements since construction (for the profile).
@@ -94,9 +95,8 @@ pub struct DoStore {
 }
 
 impl DoStore {
-    /// Wraps the Durable Object's storage. `fail_after_writes` is the
-    /// test-only fault switch (see the module doc).
-    pub fn new(state: &worker::State, fail_after_writes: Option<u32>) -> Self {
+    /// Wraps the Durable Object's storage.
+    pub fn new(state: &worker::State) -> Self {
         let raw: &JsValue = state.as_raw();
         let storage = worker::js_sys::Reflect::get(raw, &JsValue::from_str("storage"))
             .unwrap_or(JsValue::UNDEFINED);
@@ -107,7 +107,7 @@ impl DoStore {
             storage,
             depth: Cell::new(0),
             writes: Cell::new(0),
-            fail_after_writes,
+            fail_after_writes: Cell::new(None),
             statements: Cell::new(0),
             sql_ms: Cell::new(0),
         }
@@ -119,10 +119,16 @@ impl DoStore {
         (self.statements.get(), self.sql_ms.get())
     }
 
+    /// Arms the test-only fault switch (see the module doc); the schema
+    /// migrations run before it is armed.
+    pub fn arm_fault_switch(&self, fail_after_writes: Option<u32>) {
+        self.fail_after_writes.set(fail_after_writes);
+    }
+
     /// The fault switch: an error when this statement would pass the
     /// allowed number of writes in the current unit.
     fn fault(&self, sql: &str) -> Result<(), StoreError> {
-        let Some(limit) = self.fail_after_writes else {
+        let Some(limit) = self.fail_after_writes.get() else {
             return Ok(());
         };
         if self.depth.get() == 0 || !is_write(sql) {

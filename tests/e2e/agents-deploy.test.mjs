@@ -23,7 +23,7 @@ async function openCall(c) {
   const res = await c.deliver(body);
   assert.equal(res.status, 200, JSON.stringify(res.body));
   assert.equal(res.body.delivered_to, "M1");
-  await waitFor("the call answered", () => c.telnyx.answers(call.ccid).length === 1);
+  await waitFor("the call answered", async () => (await c.telnyx.answers(call.ccid)).length === 1);
   await waitFor("the app holds the call", async () => (await c.nodes.M1.appStatus()).active_calls === 1);
   return call;
 }
@@ -112,7 +112,7 @@ describe("callfence-agent deploy", () => {
     }
     assert.ok(out.steps.every((s) => s.ok && Number.isInteger(s.ms)), JSON.stringify(out.steps));
     assert.deepEqual(violations, [], "never eligible on the new SHA before its L5 probe");
-    assert.equal(c.telnyx.answers(call.ccid).length, 1, "the old call was answered once");
+    assert.equal((await c.telnyx.answers(call.ccid)).length, 1, "the old call was answered once");
     await settledOn(c, good);
     const probes = (await (await fetch(`${m1.appUrl}/demo/events`)).json()).probes;
     assert.ok(probes.length >= 1, "the new app answered the L5 probe");
