@@ -90,7 +90,8 @@ function describe(value) {
   }
 }
 
-async function freePort() {
+/** A free loopback port (free when asked). */
+export async function freePort() {
   const server = createNetServer();
   await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
   const { port } = server.address();
@@ -121,8 +122,11 @@ export function event({ id, type, session, ccid, from = PLAIN_CALLER, to = LINE.
   });
 }
 
-/** A fake Telnyx Call Control API: records every command; `POST /v2/calls` dials. */
-async function startFakeTelnyx() {
+/**
+ * A fake Telnyx Call Control API: records every command (with the node whose
+ * API key sent it, each node having its own); `POST /v2/calls` dials.
+ */
+export async function startFakeTelnyx() {
   const requests = [];
   let dials = 0;
   const server = createServer((req, res) => {
@@ -145,6 +149,8 @@ async function startFakeTelnyx() {
         action: action ? action[2] : path === "/v2/calls" ? "dial" : null,
         body,
         authorization: req.headers.authorization,
+        node: (req.headers.authorization ?? "").match(/^Bearer KEY_e2e_(\S+)$/)?.[1] ?? null,
+        at: Date.now(),
       };
       requests.push(record);
       res.writeHead(200, { "content-type": "application/json" });
@@ -222,12 +228,15 @@ async function stop(proc, signal = "SIGKILL") {
 /**
  * Starts the deployment. `nodes` maps node id to registry fields
  * (`role`, `canary_go`, ...); `policy(nodeIds)` returns the routing policy.
+ * Optional: `edge` (startEdge options: a fixed `port`, `bindings`),
+ * `originFront(id, url)` returning the URL the edge should use for a node's
+ * origin (a fault proxy in front of `url`; the agent still listens on `url`).
  */
-export async function startCluster({ nodes, policy }) {
+export async function startCluster({ nodes, policy, edge: edgeOptions = {}, originFront }) {
   const binDir = agentBins();
   // Not under /tmp: the agent refuses a temporary state directory.
   const work = mkdtempSync(join(durableScratchRoot(), "e2e-agents-"));
-  const edge = await startEdge();
+  const edge = await startEdge(edgeOptions);
   const telnyx = await startFakeTelnyx();
   const { keys } = edge;
   const cluster = { edge, telnyx, work, nodes: {}, keys };
@@ -328,7 +337,7 @@ export async function startCluster({ nodes, policy }) {
     const keyPath = join(dir, "k1.key");
     writeSecret(keyPath, `${key.seed}\n`);
     const telnyxKey = join(dir, "telnyx-api-key");
-    writeSecret(telnyxKey, "KEY_e2e_not_a_secret\n");
+    writeSecret(telnyxKey, `KEY_e2e_${id}\n`);
     const [origin, local, app] = [await freePort(), await freePort(), await freePort()];
     const node = {
       id,
@@ -342,6 +351,7 @@ export async function startCluster({ nodes, policy }) {
       key: { kid: "k1", path: keyPath, ...key },
       nextKey: null,
       originUrl: `http://127.0.0.1:${origin}/callfence/telnyx`,
+      listenOrigin: `http://127.0.0.1:${origin}/callfence/telnyx`,
       localUrl: `http://127.0.0.1:${local}`,
       appUrl: `http://127.0.0.1:${app}`,
       agent: null,
@@ -438,6 +448,7 @@ duplicate_wait_ms = 5000
         }),
       );
     node.logs = () => (node.agent ? node.agent.lines : []);
+    if (originFront) node.originUrl = await originFront(id, node.listenOrigin);
     node.writeConfig();
     const set = node.cli("mode", "set", "active");
     if (set.status !== 0) throw new Error(`mode set active: ${set.stderr}`);

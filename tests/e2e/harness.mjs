@@ -132,6 +132,8 @@ function edgeWorker(bindings, dispatcher) {
  * options.keys: the test keys (default: fresh ones).
  * options.dir: the Durable Object storage directory (default: a new temp dir,
  *   removed by `dispose()`).
+ * options.port: the loopback port to listen on (default: a free one), kept
+ *   across `restart()` so clients keep the same URL.
  * options.dispatcherScript: source of a module Worker exporting a stand-in
  *   `Dispatcher` class (a faulty one, or a fake speaking the protocol);
  *   DISPATCHER is then bound to it instead of the real one.
@@ -163,7 +165,7 @@ export async function startEdge(options = {}) {
       : [edgeWorker(bindings, { className: "Dispatcher", useSQLite: true })];
     return new Miniflare({
       host: "127.0.0.1",
-      port: 0,
+      port: options.port ?? 0,
       cf: false,
       durableObjectsPersist: dir,
       structuredWorkerdLogs: true,
