@@ -1,6 +1,6 @@
 # callfence: every command sets itself up first (scripts/setup.sh is
 # idempotent), so a fresh machine needs only Rust, Node 20 and npm.
-.PHONY: build test dev demo-call bench
+.PHONY: build test dev demo-call bench drill
 
 ## build: the Worker into build/ (index.js, index_bg.wasm), offline
 build:
@@ -23,3 +23,9 @@ demo-call:
 ## bench: the benchmarks, with the conditions they ran under
 bench:
 	bash scripts/bench.sh
+
+## drill: the drills (chaos, failover, canary, replay) against the built Worker,
+## real agents and a fake Telnyx; NAME=<name> runs one, SHORT=1 the short
+## forms; each prints a summary and writes .drills/<name>.json
+drill: build
+	CLOUDFLARE_CF_FETCH_ENABLED=false node scripts/drill.mjs $(NAME) $(if $(SHORT),--short)

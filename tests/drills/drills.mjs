@@ -6,6 +6,10 @@ import { CANARY_CALLER, PLAIN_CALLER, sleep, standardPolicy, waitFor } from "../
 import { check, unavailability } from "./checker.mjs";
 import { collect, prng, runLoad } from "./load.mjs";
 import { startStack } from "./stack.mjs";
+import { compareDecisions, exportReplay, parseReplay, play, refuses } from "./replay.mjs";
+import { bindingsFor, read, ROOT, startEdge, startOrigin, testKeys } from "../e2e/harness.mjs";
+import { writeFileSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
 
 const TIMINGS = { CALLFENCE_TEST_SWEEP_MS: "500", CALLFENCE_TEST_NODE_LOST_MS: "3000" };
 const stable = { role: "stable", max_calls: 1000 };
@@ -70,7 +74,7 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
   calls ??= short ? 120 : 5_000;
   rate ??= short ? 6 : 25;
   faults ??= short ? 6 : 60;
-  const maxDuration = short ? 12_000 : 30_000;
+  const maxDuration = short ? 8_000 : 30_000;
   const stack = await startStack({
     nodes: { M1: stable, M2: stable, M3: stable },
     policy: standardPolicy,
@@ -165,12 +169,12 @@ async function outage(stack, { fault, window, rate, tag }) {
 }
 
 export async function failover({ short = false } = {}) {
-  const window = short ? 8_000 : 20_000;
+  const window = short ? 6_000 : 20_000;
   const rate = short ? 4 : 8;
   const stack = await startStack({
     nodes: { M1: stable, M2: stable },
     policy: standardPolicy,
-    bindings: { ...TIMINGS, CALLFENCE_TEST_MAX_DURATION_MS: "15000" },
+    bindings: { ...TIMINGS, CALLFENCE_TEST_MAX_DURATION_MS: short ? "8000" : "15000" },
   });
   try {
     const killed = await outage(stack, { fault: () => stack.nodes.M1.killAgent(), window, rate, tag: "fo-kill" });
@@ -203,7 +207,7 @@ export async function canary({ short = false } = {}) {
   const stack = await startStack({
     nodes: { M1: stable, M3: { role: "candidate", canary_go: false, fallback_approved: false, max_calls: 1000 } },
     policy: (ids) => ({ ...standardPolicy(ids), by_line: { main: { ...standardPolicy(ids).by_line.main, fallback_node: "M3" } } }),
-    bindings: { ...TIMINGS, CALLFENCE_TEST_MAX_DURATION_MS: "15000" },
+    bindings: { ...TIMINGS, CALLFENCE_TEST_MAX_DURATION_MS: short ? "8000" : "15000" },
   });
   const { cluster } = stack;
   const setM3 = async (fields) => {
@@ -249,4 +253,112 @@ export async function canary({ short = false } = {}) {
   }
 }
 
-export const DRILLS = { chaos, failover, canary };
+// --------------------------------------------------------------- replay ----
+
+/** Reads every decision of `sessions` from a bare edge. */
+async function decisionsOf(edge, token, sessions) {
+  const out = [];
+  for (const s of sessions) {
+    const res = await read(await edge.fetch(`/v1/decisions?call_session_id=${encodeURIComponent(s)}`, { headers: { authorization: `Bearer ${token}` } }));
+    out.push(...res.body.decisions);
+  }
+  return out;
+}
+
+export async function replay({ short = false, scale = 1 } = {}) {
+  const calls = short ? 40 : 300;
+  const rate = short ? 4 : 8;
+  const stack = await startStack({
+    nodes: { M1: stable, M2: stable, M3: stable },
+    policy: standardPolicy,
+    bindings: { ...TIMINGS, CALLFENCE_TEST_MAX_DURATION_MS: "15000" },
+    recordBeats: true,
+  });
+  let text;
+  let original;
+  let sessions;
+  let signer;
+  try {
+    const since = Date.now() - 2_000;
+    // The full form changes the routing while calls flow: M1 drains, then
+    // M3's checkout goes dirty. The short form keeps the nodes steady.
+    const span = (calls / rate) * 1000;
+    const script = (async () => {
+      if (short) return;
+      await sleep(span * 0.3);
+      stack.mode("M1", "drained");
+      await sleep(span * 0.3);
+      stack.mode("M1", "active");
+      stack.dirty("M3", true);
+      await sleep(span * 0.2);
+      stack.dirty("M3", false);
+    })();
+    const load = await runLoad(stack, { calls, rate, seed: 5, tag: "replay", duplicates: 0.1, holdMs: [200, 800], caller: (i) => (i % 3 === 0 ? CANARY_CALLER : PLAIN_CALLER) });
+    await script;
+    sessions = load.sessions;
+    original = await collect(stack, sessions);
+    text = exportReplay({ policy: standardPolicy(["M1", "M2", "M3"]), nodes: stack.cluster.registry(), beats: stack.recorder.beats, wire: load.wire, decisions: original.decisions, since });
+    signer = { nodes: Object.fromEntries(Object.values(stack.nodes).map((n) => [n.id, { kid: n.key.kid, privateKey: n.key.privateKeyObject }])) };
+  } finally {
+    await stack.close();
+  }
+  mkdirSync(join(ROOT, ".drills"), { recursive: true });
+  const file = join(ROOT, ".drills", "replay-input.jsonl");
+  writeFileSync(file, text);
+
+  // A fresh edge with the same documents, its origins stand-ins that accept.
+  const { header, lines } = parseReplay(text);
+  const keys = testKeys();
+  const edge = await startEdge({ keys, bindings: { ...bindingsFor(keys), ...TIMINGS } });
+  const origins = {};
+  const refused = refuses(lines, scale);
+  let start = 0;
+  try {
+    for (const id of Object.keys(header.nodes.nodes)) {
+      origins[id] = await startOrigin({ node: id, edgeKeys: [{ kid: keys.edgeKid, public_key: keys.edge.publicKey }], telnyxPublicKey: keys.telnyx.publicKey });
+      origins[id].respond = async (req) => {
+        const at = refused(id, JSON.parse(req.body).data.id);
+        if (at === null) return { status: 200, body: { ok: true } };
+        await sleep(Math.max(0, start + at - Date.now()));
+        return { status: 503, body: { callfence: "not_admitted" } }; // a definite non-delivery, as the agent says it
+      };
+    }
+    const admin = { authorization: `Bearer ${keys.adminToken}`, "content-type": "application/json", "if-match": '"0"' };
+    const registry = structuredClone(header.nodes);
+    for (const [id, n] of Object.entries(registry.nodes)) n.origin_url = origins[id].url;
+    for (const [kind, doc] of [["nodes", registry], ["policy", header.policy]]) {
+      const res = await edge.fetch(`/v1/${kind}`, { method: "PUT", headers: admin, body: JSON.stringify(doc) });
+      if (res.status !== 200) throw new Error(`replay edge: PUT /v1/${kind}: ${res.status} ${await res.text()}`);
+    }
+    start = Date.now();
+    const played = await play(edge, lines, { start, scale, signer: { ...signer, telnyx: keys.telnyx.privateKeyObject }, originFor: (id) => origins[id].url });
+    const replayed = await decisionsOf(edge, keys.adminToken, sessions);
+    const { compared, differences } = compareDecisions(original.decisions, replayed);
+    const rules = {};
+    for (const d of original.decisions) rules[`${d.rule}->${d.chosen}`] = (rules[`${d.rule}->${d.chosen}`] ?? 0) + 1;
+    return {
+      drill: "replay",
+      pass: differences.length === 0 && compared > 0,
+      parameters: { short, calls, rate, scale, replay_file: file },
+      figures: {
+        calls: sessions.length,
+        lines: lines.length,
+        webhooks: lines.filter((l) => l.kind === "webhook").length,
+        heartbeats: lines.filter((l) => l.kind === "heartbeat").length,
+        sends_refused: played.failed,
+        decisions_original: original.decisions.length,
+        decisions_replayed: replayed.length,
+        decisions_compared: compared,
+        differences: differences.length,
+        original_rule_chosen: rules,
+      },
+      differences,
+      violations: differences.map((d) => ({ kind: "decision_not_reproduced", session: d.session, evidence: d })),
+    };
+  } finally {
+    await edge.dispose();
+    for (const o of Object.values(origins)) await o.close();
+  }
+}
+
+export const DRILLS = { chaos, failover, canary, replay };

@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { bindingsFor, testKeys } from "../e2e/harness.mjs";
 import { freePort, startCluster, waitFor } from "../e2e/agents-cluster.mjs";
 import { startFaultProxy } from "./faultproxy.mjs";
+import { startRecorder } from "./recorder.mjs";
 
 /** The workerd processes this Node process started (Miniflare's runtime). */
 function workerdPids() {
@@ -30,12 +31,15 @@ function workerdPids() {
 
 /**
  * Starts the stack. `nodes` and `policy` as for startCluster; `bindings` are
- * added to the Worker's configuration (the CALLFENCE_TEST_* timings).
+ * added to the Worker's configuration (the CALLFENCE_TEST_* timings);
+ * `recordBeats` puts a recorder between the agents and the edge
+ * (`stack.recorder.beats`).
  */
-export async function startStack({ nodes, policy, bindings = {} }) {
+export async function startStack({ nodes, policy, bindings = {}, recordBeats = false }) {
   const keys = testKeys();
   const port = await freePort();
   const proxies = {};
+  let recorder = null;
   const cluster = await startCluster({
     nodes,
     policy,
@@ -44,8 +48,14 @@ export async function startStack({ nodes, policy, bindings = {} }) {
       proxies[id] = await startFaultProxy(url);
       return proxies[id].url;
     },
+    edgeFront: recordBeats
+      ? async (url) => {
+          recorder = await startRecorder(url);
+          return recorder.url;
+        }
+      : undefined,
   });
-  const stack = { cluster, proxies, edge: cluster.edge, telnyx: cluster.telnyx, nodes: cluster.nodes };
+  const stack = { cluster, proxies, recorder, edge: cluster.edge, telnyx: cluster.telnyx, nodes: cluster.nodes };
 
   /** SIGKILL of workerd, then a new runtime on the same storage and port. */
   stack.killEdge = async () => {
@@ -88,6 +98,7 @@ export async function startStack({ nodes, policy, bindings = {} }) {
     for (const id of Object.keys(proxies)) stack.freezeAgent(id, false);
     await cluster.close();
     for (const p of Object.values(proxies)) await p.close();
+    await recorder?.close();
   };
   return stack;
 }

@@ -230,9 +230,11 @@ async function stop(proc, signal = "SIGKILL") {
  * (`role`, `canary_go`, ...); `policy(nodeIds)` returns the routing policy.
  * Optional: `edge` (startEdge options: a fixed `port`, `bindings`),
  * `originFront(id, url)` returning the URL the edge should use for a node's
- * origin (a fault proxy in front of `url`; the agent still listens on `url`).
+ * origin (a fault proxy in front of `url`; the agent still listens on `url`),
+ * `edgeFront(url)` returning the edge URL the agents should use (a recorder
+ * in front of the edge).
  */
-export async function startCluster({ nodes, policy, edge: edgeOptions = {}, originFront }) {
+export async function startCluster({ nodes, policy, edge: edgeOptions = {}, originFront, edgeFront }) {
   const binDir = agentBins();
   // Not under /tmp: the agent refuses a temporary state directory.
   const work = mkdtempSync(join(durableScratchRoot(), "e2e-agents-"));
@@ -240,6 +242,7 @@ export async function startCluster({ nodes, policy, edge: edgeOptions = {}, orig
   const telnyx = await startFakeTelnyx();
   const { keys } = edge;
   const cluster = { edge, telnyx, work, nodes: {}, keys };
+  const agentsEdgeUrl = edgeFront ? await edgeFront(edge.url) : edge.url;
 
   const admin = bearer(keys.adminToken);
   const api = async (path, init = {}) =>
@@ -372,7 +375,7 @@ path = "${keyPath}"
 
 ${next}
 [edge]
-url = "${edge.url}"
+url = "${agentsEdgeUrl}"
 [edge.public_keys]
 ${keys.edgeKid} = "${keys.edge.publicKey}"
 ${keys.edgeNextKid} = "${keys.edgeNext.publicKey}"
