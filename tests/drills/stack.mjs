@@ -5,29 +5,13 @@
 // fault proxy in front of every node's origin, and the faults the drills
 // inject.
 
-import { readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { bindingsFor, testKeys } from "../e2e/harness.mjs";
+import { bindingsFor, testKeys, workerdPids } from "../e2e/harness.mjs";
 import { freePort, startCluster, waitFor } from "../e2e/agents-cluster.mjs";
 import { startFaultProxy } from "./faultproxy.mjs";
 import { startRecorder } from "./recorder.mjs";
 
-/** The workerd processes this Node process started (Miniflare's runtime). */
-function workerdPids() {
-  const pids = [];
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
-      const comm = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"));
-      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
-      if (ppid === process.pid && comm.startsWith("workerd")) pids.push(Number(entry));
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return pids;
-}
 
 /**
  * Starts the stack. `nodes` and `policy` as for startCluster; `bindings` are
