@@ -26,6 +26,7 @@ bench:
 
 ## drill: the drills (chaos, failover, canary, replay) against the built Worker,
 ## real agents and a fake Telnyx; NAME=<name> runs one, SHORT=1 the short
-## forms; each prints a summary and writes .drills/<name>.json
+## forms, ARGS="--calls=N --rate=R --faults=F --seed=S --scale=X" the
+## parameters; each prints a summary and writes .drills/<name>.json
 drill: build
-	CLOUDFLARE_CF_FETCH_ENABLED=false node scripts/drill.mjs $(NAME) $(if $(SHORT),--short)
+	CLOUDFLARE_CF_FETCH_ENABLED=false node scripts/drill.mjs $(NAME) $(if $(SHORT),--short) $(ARGS)

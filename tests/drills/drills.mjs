@@ -16,12 +16,14 @@ const stable = { role: "stable", max_calls: 1000 };
 
 /** Waits until no call of `sessions` is open (the sweep's chance), then reads the views. */
 async function settle(stack, sessions, timeout) {
-  let views;
+  const isOpen = (c) => ["pending_assignment", "assigned", "answered"].includes(c.state);
+  let open = sessions;
   await waitFor("every call settled", async () => {
-    views = await collect(stack, sessions);
-    return Object.values(views.calls).every((c) => !["pending_assignment", "assigned", "answered"].includes(c.state));
+    const { calls } = await collect(stack, open, { withDecisions: false });
+    open = open.filter((s) => !calls[s] || isOpen(calls[s]));
+    return open.length === 0;
   }, { timeout, every: 2_000 }).catch(() => {});
-  return views;
+  return collect(stack, sessions);
 }
 
 function history(stack, load, views, extra = {}) {
@@ -73,7 +75,7 @@ async function inject(stack, kind, node, hold) {
 export async function chaos({ short = false, seed = 7, calls, rate, faults } = {}) {
   calls ??= short ? 120 : 5_000;
   rate ??= short ? 6 : 25;
-  faults ??= short ? 6 : 60;
+  faults ??= short ? 6 : 50;
   const maxDuration = short ? 8_000 : 30_000;
   const stack = await startStack({
     nodes: { M1: stable, M2: stable, M3: stable },
@@ -98,6 +100,7 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
       rate,
       seed,
       tag: "chaos",
+      more: () => windows.length < faults,
       duplicates: 0.15,
       caller: (i) => (i % 3 === 0 ? CANARY_CALLER : PLAIN_CALLER),
     });

@@ -22,9 +22,10 @@ const RETRY_MS = 2_000;
 const settled = (status) => status !== 0 && status !== 503 && status < 500;
 
 /**
- * Runs a load against `stack` until `calls` calls have started.
+ * Runs a load against `stack` until `calls` calls have started, and on
+ * while `more()` holds.
  * opts: { calls, rate (calls/s), seed, duplicates (share), holdMs: [min, max],
- *   retries, caller(i) => number, tag, stop() => bool }
+ *   retries, caller(i) => number, tag, more() => bool }
  * Returns { acks, ccids, sessions, sent } (see checker.mjs for acks).
  */
 export async function runLoad(stack, opts) {
@@ -79,8 +80,7 @@ export async function runLoad(stack, opts) {
 
   const running = new Set();
   const started = Date.now();
-  for (let i = 0; i < opts.calls; i += 1) {
-    if (opts.stop?.()) break;
+  for (let i = 0; i < opts.calls || opts.more?.(); i += 1) {
     const due = started + (i * 1000) / opts.rate;
     if (due > Date.now()) await sleep(due - Date.now());
     const p = oneCall(i).finally(() => running.delete(p));
@@ -90,8 +90,8 @@ export async function runLoad(stack, opts) {
   return { acks, ccids, sessions, wire };
 }
 
-/** Reads the edge's views of `sessions` (call view and decisions), `parallel` at a time. */
-export async function collect(stack, sessions, parallel = 6) {
+/** Reads the edge's views of `sessions` (call view and, unless `withDecisions` is false, decisions), `parallel` at a time. */
+export async function collect(stack, sessions, { parallel = 6, withDecisions = true } = {}) {
   const calls = {};
   const decisions = [];
   const queue = [...sessions];
@@ -100,7 +100,7 @@ export async function collect(stack, sessions, parallel = 6) {
       const s = queue.shift();
       const view = await stack.cluster.call(s);
       if (view.status === 200) calls[s] = view.body;
-      decisions.push(...(await stack.cluster.decisions(s)));
+      if (withDecisions) decisions.push(...(await stack.cluster.decisions(s)));
     }
   }
   await Promise.all(Array.from({ length: parallel }, worker));
