@@ -144,6 +144,7 @@ async function outage(stack, { fault, window, rate, tag }) {
     seed: 3,
     tag,
     duplicates: 0,
+    retries: 2,
     holdMs: [200, 600],
   });
   await sleep(3_000);
@@ -172,7 +173,7 @@ async function outage(stack, { fault, window, rate, tag }) {
 }
 
 export async function failover({ short = false } = {}) {
-  const window = short ? 6_000 : 20_000;
+  const window = short ? 4_000 : 20_000;
   const rate = short ? 4 : 8;
   const stack = await startStack({
     nodes: { M1: stable, M2: stable },
@@ -205,7 +206,7 @@ export async function failover({ short = false } = {}) {
 // --------------------------------------------------------------- canary ----
 
 export async function canary({ short = false } = {}) {
-  const perPhase = short ? 12 : 60;
+  const perPhase = short ? 8 : 60;
   const rate = short ? 4 : 8;
   const stack = await startStack({
     nodes: { M1: stable, M3: { role: "candidate", canary_go: false, fallback_approved: false, max_calls: 1000 } },
@@ -219,9 +220,12 @@ export async function canary({ short = false } = {}) {
   };
   try {
     const phases = [];
+    // A phase starts when its document change is written; a decision belongs
+    // to the phase it was made in (the alarm may assign a parked call later).
     const run = async (name, allowed) => {
-      const load = await runLoad(stack, { calls: perPhase, rate, seed: phases.length + 11, tag: `canary-${name}`, duplicates: 0, holdMs: [100, 300], caller: (i) => (i % 2 ? CANARY_CALLER : PLAIN_CALLER) });
-      phases.push({ name, allowed, load });
+      const from = Date.now();
+      const load = await runLoad(stack, { calls: perPhase, rate, seed: phases.length + 11, tag: `canary-${name}`, duplicates: 0, retries: short ? 2 : 6, holdMs: [100, 300], caller: (i) => (i % 2 ? CANARY_CALLER : PLAIN_CALLER) });
+      phases.push({ name, allowed, load, from });
     };
     await run("before_canary_go", []);
     await setM3({ canary_go: true });
@@ -237,11 +241,11 @@ export async function canary({ short = false } = {}) {
     const merged = { acks: phases.flatMap((p) => p.load.acks), ccids: Object.assign({}, ...phases.map((p) => p.load.ccids)) };
     const { violations, figures } = check(history(stack, merged, views));
     const report = {};
+    const phaseOf = (d) => [...phases].reverse().find((p) => Date.parse(d.at) >= p.from) ?? phases[0];
     for (const p of phases) {
-      const mine = new Set(p.load.sessions);
       const counts = {};
       for (const d of views.decisions) {
-        if (!mine.has(d.call_session_id) || d.chosen !== "M3" || !["assigned", "reassigned"].includes(d.outcome)) continue;
+        if (phaseOf(d) !== p || d.chosen !== "M3" || !["assigned", "reassigned"].includes(d.outcome)) continue;
         const rule = d.rule === "line" && d.prefers !== "M3" ? "line_fallback" : d.rule;
         counts[rule] = (counts[rule] ?? 0) + 1;
         if (!p.allowed.includes(rule)) violations.push({ kind: "candidate_reached_by_forbidden_rule", session: d.call_session_id, evidence: { phase: p.name, rule, decision_id: d.decision_id } });
