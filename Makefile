@@ -1,6 +1,6 @@
 # callfence: every command sets itself up first (scripts/setup.sh is
 # idempotent), so a fresh machine needs only Rust, Node 20 and npm.
-.PHONY: build test dev demo-call bench model-check
+.PHONY: build test dev demo-call bench model-check drill
 
 ## build: the Worker into build/ (index.js, index_bg.wasm), offline
 build:
@@ -29,3 +29,10 @@ bench:
 model-check:
 	bash scripts/setup.sh
 	bash scripts/model-check.sh
+
+## drill: the drills (chaos, failover, canary, replay) against the built Worker,
+## real agents and a fake Telnyx; NAME=<name> runs one, SHORT=1 the short
+## forms, ARGS="--calls=N --rate=R --faults=F --seed=S --scale=X" the
+## parameters; each prints a summary and writes .drills/<name>.json
+drill: build
+	CLOUDFLARE_CF_FETCH_ENABLED=false node scripts/drill.mjs $(NAME) $(if $(SHORT),--short) $(ARGS)

@@ -46,7 +46,7 @@
 import { Miniflare } from "miniflare";
 import { execFileSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { readFileSync, statSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import os from "node:os";
 import { join } from "node:path";
@@ -55,6 +55,7 @@ import { gzipSync } from "node:zlib";
 import {
   ROOT,
   bearer,
+  workerdPids,
   bindingsFor,
   nodeHeaders,
   read,
@@ -97,22 +98,6 @@ const ms = (x, digits = 2) => `${x.toFixed(digits)} ms`;
 
 // ------------------------------------------------------------------- cpu ----
 
-/** The pids of this process's workerd children. */
-function workerdPids() {
-  const pids = [];
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
-      const comm = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"));
-      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      if (comm === "workerd" && Number(fields[1]) === process.pid) pids.push(Number(entry));
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return pids;
-}
 
 /** The one workerd child started by `start()`. */
 async function newWorkerd(start) {

@@ -9,15 +9,18 @@ import { join } from "node:path";
  * Starts the fake from `binDir` on `port` (0: a free one).
  *
  * options.apiKeyFile: requests must carry this key as a bearer token.
+ * options.callers: { label: keyFile } more accepted keys; each request is
+ *   recorded with the `caller` label of the key it carried.
  * options.onLine(record): called with each recorded request (parsed).
  *
  * Resolves to { url, child, record(filter), close() }; `record` fetches the
  * requests recorded so far, oldest first, optionally filtered by
  * `call_control_id`, `action` or `command_id`.
  */
-export function startFakeTelnyx(binDir, { port = 0, apiKeyFile, onLine } = {}) {
+export function startFakeTelnyx(binDir, { port = 0, apiKeyFile, callers = {}, onLine } = {}) {
   const args = ["--listen", `127.0.0.1:${port}`];
   if (apiKeyFile) args.push("--api-key-file", apiKeyFile);
+  for (const [label, file] of Object.entries(callers)) args.push("--caller", `${label}=${file}`);
   const child = spawn(join(binDir, "callfence-fake-telnyx"), args, { stdio: ["ignore", "pipe", "pipe"] });
   const exited = new Promise((resolve) => child.once("exit", resolve));
   let errors = "";

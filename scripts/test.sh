@@ -3,8 +3,9 @@
 # failure: formatting, lints, unit and integration tests, the docs (rustdoc
 # with warnings as errors: broken intra-doc links, bad markup), the core's wasm
 # build (it must import nothing from "env"), the simulation, the Worker build,
-# wrangler's offline dry-run deploy, the end-to-end tests in Miniflare, and
-# the panel's browser tests in headless Chromium.
+# wrangler's offline dry-run deploy, the end-to-end tests in Miniflare, the
+# drills' checkers and short forms, and the panel's browser tests in
+# headless Chromium.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -58,6 +59,9 @@ node_modules/.bin/wrangler deploy --dry-run --outdir dist
 
 step "end-to-end tests (Miniflare)"
 node --test tests/e2e/
+
+step "drills: the checkers against planted violations, then each drill's short form"
+node --test tests/drills/
 
 step "browser tests (the panel in headless Chromium; screenshots in .screenshots/)"
 PUPPETEER_SKIP_DOWNLOAD=1 node --test tests/browser/

@@ -112,7 +112,8 @@ function describe(value) {
   }
 }
 
-async function freePort() {
+/** A free loopback port (free when asked). */
+export async function freePort() {
   const server = createNetServer();
   await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
   const { port } = server.address();
@@ -144,13 +145,30 @@ export function event({ id, type, session, ccid, from = PLAIN_CALLER, to = LINE.
 }
 
 /** The shared fake Telnyx API (callfence-fake-telnyx) with the suites' helpers:
- * `requests()` is every recorded request, `answers(ccid)` the answer commands of one leg. */
-async function startTelnyx(binDir) {
-  const fake = await startFakeTelnyx(binDir);
+ * `requests()` is every recorded request, `answers(ccid)` the answer commands of
+ * one leg (both asked of the fake), and `log` the same records as they happened,
+ * with the node that sent each (a synchronous copy for the drills). */
+async function startTelnyx(binDir, callers = {}) {
+  // Every record, also kept here as it is printed, in the shape the drills'
+  // checker reads: { ccid, action, command_id, node, at, body }.
+  const requests = [];
+  const fake = await startFakeTelnyx(binDir, {
+    callers,
+    onLine: (r) =>
+      requests.push({
+        ccid: r.call_control_id,
+        action: r.action,
+        command_id: r.command_id,
+        node: r.caller,
+        at: Date.parse(r.at),
+        body: r.body,
+      }),
+  });
   live.add(fake.child);
   fake.child.once("exit", () => live.delete(fake.child));
   return {
     url: fake.url,
+    log: requests,
     requests: () => fake.record(),
     answers: (ccid) => fake.record({ call_control_id: ccid, action: "answer" }),
     close: () => fake.close(),
@@ -204,15 +222,29 @@ async function stop(proc, signal = "SIGKILL") {
 /**
  * Starts the deployment. `nodes` maps node id to registry fields
  * (`role`, `canary_go`, ...); `policy(nodeIds)` returns the routing policy.
+ * Optional: `edge` (startEdge options: a fixed `port`, `bindings`),
+ * `originFront(id, url)` returning the URL the edge should use for a node's
+ * origin (a fault proxy in front of `url`; the agent still listens on `url`),
+ * `edgeFront(url)` returning the edge URL the agents should use (a recorder
+ * in front of the edge).
  */
-export async function startCluster({ nodes, policy, deploy = [] }) {
+export async function startCluster({ nodes, policy, deploy = [], edge: edgeOptions = {}, originFront, edgeFront }) {
   const binDir = agentBins();
   // Not under /tmp: the agent refuses a temporary state directory.
   const work = mkdtempSync(join(durableScratchRoot(), "e2e-agents-"));
-  const edge = await startEdge();
-  const telnyx = await startTelnyx(binDir);
+  const edge = await startEdge(edgeOptions);
+  // Each node has its own Telnyx API key, so the fake's record says which
+  // node sent each command (the drills' checker needs it).
+  const callers = {};
+  for (const id of Object.keys(nodes)) {
+    mkdirSync(join(work, id), { recursive: true });
+    callers[id] = join(work, id, "telnyx-api-key");
+    writeSecret(callers[id], `KEY_e2e_${id}\n`);
+  }
+  const telnyx = await startTelnyx(binDir, callers);
   const { keys } = edge;
   const cluster = { edge, telnyx, work, nodes: {}, keys };
+  const agentsEdgeUrl = edgeFront ? await edgeFront(edge.url) : edge.url;
 
   const admin = bearer(keys.adminToken);
   const api = async (path, init = {}) =>
@@ -309,8 +341,7 @@ export async function startCluster({ nodes, policy, deploy = [] }) {
     const key = ed25519();
     const keyPath = join(dir, "k1.key");
     writeSecret(keyPath, `${key.seed}\n`);
-    const telnyxKey = join(dir, "telnyx-api-key");
-    writeSecret(telnyxKey, "KEY_e2e_not_a_secret\n");
+    const telnyxKey = callers[id];
     const [origin, local, app] = [await freePort(), await freePort(), await freePort()];
     const deployable = deploy.includes(id);
     const node = {
@@ -325,6 +356,7 @@ export async function startCluster({ nodes, policy, deploy = [] }) {
       key: { kid: "k1", path: keyPath, ...key },
       nextKey: null,
       originUrl: `http://127.0.0.1:${origin}/callfence/telnyx`,
+      listenOrigin: `http://127.0.0.1:${origin}/callfence/telnyx`,
       localUrl: `http://127.0.0.1:${local}`,
       appUrl: `http://127.0.0.1:${app}`,
       agent: null,
@@ -349,7 +381,7 @@ path = "${keyPath}"
 
 ${next}
 [edge]
-url = "${edge.url}"
+url = "${agentsEdgeUrl}"
 [edge.public_keys]
 ${keys.edgeKid} = "${keys.edge.publicKey}"
 ${keys.edgeNextKid} = "${keys.edgeNext.publicKey}"
@@ -427,6 +459,7 @@ ${node.deployToml}`,
         }),
       );
     node.logs = () => (node.agent ? node.agent.lines : []);
+    if (originFront) node.originUrl = await originFront(id, node.listenOrigin);
     node.writeConfig();
     const set = node.cli("mode", "set", "active");
     if (set.status !== 0) throw new Error(`mode set active: ${set.stderr}`);

@@ -15,7 +15,7 @@ import {
   sign as cryptoSign,
   verify as cryptoVerify,
 } from "node:crypto";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync } from "node:fs";
 import { createServer } from "node:http";
 import { homedir, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -132,6 +132,8 @@ function edgeWorker(bindings, dispatcher) {
  * options.keys: the test keys (default: fresh ones).
  * options.dir: the Durable Object storage directory (default: a new temp dir,
  *   removed by `dispose()`).
+ * options.port: the loopback port to listen on (default: a free one), kept
+ *   across `restart()` so clients keep the same URL.
  * options.dispatcherScript: source of a module Worker exporting a stand-in
  *   `Dispatcher` class (a faulty one, or a fake speaking the protocol);
  *   DISPATCHER is then bound to it instead of the real one.
@@ -163,7 +165,7 @@ export async function startEdge(options = {}) {
       : [edgeWorker(bindings, { className: "Dispatcher", useSQLite: true })];
     return new Miniflare({
       host: "127.0.0.1",
-      port: 0,
+      port: options.port ?? 0,
       cf: false,
       durableObjectsPersist: dir,
       structuredWorkerdLogs: true,
@@ -202,6 +204,23 @@ export async function startEdge(options = {}) {
     },
   };
   return edge;
+}
+
+/** The pids of this process's workerd children (Miniflare's runtimes). */
+export function workerdPids() {
+  const pids = [];
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      const comm = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"));
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      if (comm === "workerd" && Number(fields[1]) === process.pid) pids.push(Number(entry));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return pids;
 }
 
 /** Reads a response as { status, headers, body (parsed JSON or text) }. */

@@ -11,10 +11,14 @@
 //! - With `--api-key-file`, a request without `Authorization: Bearer <key>` is
 //!   401 (Telnyx's error `10009`); a body that is not JSON is 400 (`10015`);
 //!   any other route is 404 (`10005`).
+//! - `--caller LABEL=FILE` (repeatable) accepts the key in FILE as well and
+//!   records which caller sent each request by its LABEL (a node id), so a
+//!   drill can tell which node answered; the key is never recorded.
 //! - `GET /__record[?call_control_id=&action=&command_id=]`: every request
 //!   above, oldest first, as `{"commands":[{"seq","at","method","path",
-//!   "call_control_id","action","command_id","status","authorized","body"}]}`
-//!   (`action` is `dial` for `POST /v2/calls`). The last 10,000 are kept.
+//!   "call_control_id","action","command_id","status","authorized","caller",
+//!   "body"}]}` (`action` is `dial` for `POST /v2/calls`). The last 10,000
+//!   are kept.
 //!
 //! Its first line on stdout is `listening http://ADDR` (`--listen
 //! 127.0.0.1:0` picks a free port); then each request is one JSON line (its
@@ -49,6 +53,10 @@ struct Args {
     /// token; without it, any request is accepted.
     #[arg(long)]
     api_key_file: Option<std::path::PathBuf>,
+    /// `LABEL=FILE`: another accepted key, whose requests are recorded with
+    /// `caller: LABEL` (repeatable).
+    #[arg(long)]
+    caller: Vec<String>,
 }
 
 /// One request as recorded.
@@ -63,6 +71,8 @@ struct Record {
     command_id: Option<String>,
     status: u16,
     authorized: bool,
+    /// The label of the `--caller` key the request carried.
+    caller: Option<String>,
     body: Value,
 }
 
@@ -74,6 +84,8 @@ struct Log {
 
 struct Fake {
     api_key: Option<String>,
+    /// (label, key) of every `--caller`.
+    callers: Vec<(String, String)>,
     /// Distinguishes this process's dial ids from any earlier run's.
     run: String,
     log: Mutex<Log>,
@@ -102,10 +114,19 @@ async fn main() -> Result<(), String> {
         ),
         None => None,
     };
+    let mut callers = Vec::new();
+    for spec in &args.caller {
+        let (label, path) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("--caller {spec}: expected LABEL=FILE"))?;
+        let key = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        callers.push((label.to_string(), key.trim().to_string()));
+    }
     let mut nonce = [0u8; 6];
     getrandom::fill(&mut nonce).map_err(|e| e.to_string())?;
     let fake = Arc::new(Fake {
         api_key,
+        callers,
         run: callfence_core::encoding::hex(&nonce),
         log: Mutex::new(Log::default()),
     });
@@ -186,13 +207,20 @@ async fn command(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_string();
-    let authorized = match &fake.api_key {
-        None => true,
-        Some(key) => headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v == format!("Bearer {key}")),
-    };
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let caller = fake
+        .callers
+        .iter()
+        .find(|(_, key)| Some(key.as_str()) == bearer)
+        .map(|(label, _)| label.clone());
+    let authorized = caller.is_some()
+        || match &fake.api_key {
+            None => fake.callers.is_empty(),
+            Some(key) => bearer == Some(key.as_str()),
+        };
     let parsed: Option<Value> = if body.is_empty() {
         Some(json!({}))
     } else {
@@ -240,6 +268,7 @@ async fn command(
             .map(str::to_string),
         status: status.as_u16(),
         authorized,
+        caller,
         body,
     };
     println!("{}", serde_json::to_string(&entry).unwrap_or_default());

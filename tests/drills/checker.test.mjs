@@ -1,0 +1,101 @@
+// The drills' checker fails when a property breaks: a clean recorded history
+// passes, and each planted violation is found, with its kind and session.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { check, commandId, epochOf, unavailability } from "./checker.mjs";
+
+const SHA = "0123456789abcdef0123456789abcdef01234567";
+
+/** Two calls: s1 answered by M1 at epoch 1, s2 moved to M2 at epoch 2 after a definite non-delivery. */
+function clean() {
+  return {
+    ccids: { c1: "s1", c2: "s2" },
+    commands: [
+      { ccid: "c1", action: "answer", node: "M1", body: { command_id: commandId("c1", 1) } },
+      { ccid: "c1", action: "answer", node: "M1", body: { command_id: commandId("c1", 1) } }, // a resend
+      { ccid: "c2", action: "answer", node: "M2", body: { command_id: commandId("c2", 2) } },
+    ],
+    acks: [
+      { session: "s1", event_id: "e1", status: 200, body: { delivered_to: "M1", epoch: 1 } },
+      { session: "s2", event_id: "e2", status: 503, body: { error: "overloaded" } },
+      { session: "s2", event_id: "e2", status: 200, body: { delivered_to: "M2", epoch: 2 } },
+    ],
+    calls: {
+      s1: { owner: "M1", epoch: 1, state: "ended", events: [{ event_id: "e1", state: "delivered", node: "M1", epoch: 1 }] },
+      s2: { owner: "M2", epoch: 2, state: "ended", events: [{ event_id: "e2", state: "delivered", node: "M2", epoch: 2 }] },
+    },
+    decisions: [
+      { decision_id: 1, call_session_id: "s1", outcome: "assigned", policy_revision: 1, nodes_revision: 1, chosen: "M1", chosen_sha: SHA, chosen_clean: true },
+      { decision_id: 2, call_session_id: "s2", outcome: "assigned", policy_revision: 1, nodes_revision: 1, chosen: "M1", chosen_sha: SHA, chosen_clean: true },
+      { decision_id: 3, call_session_id: "s2", outcome: "reassigned", policy_revision: 1, nodes_revision: 1, chosen: "M2", chosen_sha: SHA, chosen_clean: true },
+      { decision_id: 4, call_session_id: "s3", outcome: "rejected", policy_revision: 1, nodes_revision: 1, chosen: null, chosen_sha: null, chosen_clean: null },
+    ],
+  };
+}
+
+const kinds = (h) => check(h).violations.map((v) => `${v.kind}:${v.session}`).sort();
+
+test("a clean history has no violation and counts what happened", () => {
+  const { violations, figures } = check(clean());
+  assert.deepEqual(violations, []);
+  assert.equal(figures.calls, 2);
+  assert.equal(figures.answered_calls, 2);
+  assert.equal(figures.answer_commands, 3);
+  assert.equal(figures.acks_200, 2);
+});
+
+test("command ids map back to their epoch", () => {
+  assert.equal(epochOf("c2", commandId("c2", 2)), 2);
+  assert.equal(epochOf("c2", commandId("c1", 2)), null);
+});
+
+test("a second answer for one call, by another node under a later epoch", () => {
+  const h = clean();
+  h.commands.push({ ccid: "c1", action: "answer", node: "M2", body: { command_id: commandId("c1", 2) } });
+  assert.deepEqual(kinds(h), ["answer_superseded_epoch:s1", "answered_by_two_nodes:s1", "second_answer:s1"]);
+});
+
+test("an answer under a superseded epoch", () => {
+  const h = clean();
+  h.commands[2] = { ccid: "c2", action: "answer", node: "M1", body: { command_id: commandId("c2", 1) } };
+  assert.deepEqual(kinds(h), ["answer_superseded_epoch:s2"]);
+});
+
+test("a webhook acknowledged 200 whose ownership is gone", () => {
+  const h = clean();
+  h.acks.push({ session: "s2", event_id: "e2b", status: 200, body: { delivered_to: "M1", epoch: 1 } });
+  assert.deepEqual(kinds(h), ["ack_ownership_lost:s2"]);
+});
+
+test("a call moved after an ambiguous outcome", () => {
+  const h = clean();
+  h.calls.s2.events.push({ event_id: "e2x", state: "unknown", node: "M1", epoch: 1 });
+  assert.deepEqual(kinds(h), ["moved_after_ambiguous:s2"]);
+});
+
+test("a decision without a clean SHA, and one without revisions", () => {
+  const h = clean();
+  h.decisions[0].chosen_clean = false;
+  h.decisions[2].chosen_sha = null;
+  h.decisions[1].nodes_revision = null;
+  assert.deepEqual(kinds(h), ["decision_not_clean:s1", "decision_not_clean:s2", "decision_unattributed:s2"]);
+});
+
+test("a call left open past the sweep", () => {
+  const h = clean();
+  h.calls.s1.state = "answered";
+  assert.deepEqual(kinds(h), ["open_past_sweep:s1"]);
+  assert.deepEqual(check({ ...h, requireSettled: false }).violations, []);
+});
+
+test("the 503 rate of a window counts 503s and unanswered sends", () => {
+  const acks = [
+    { at: 10, status: 200 },
+    { at: 11, status: 503 },
+    { at: 12, status: 0 },
+    { at: 13, status: 409 },
+    { at: 50, status: 503 },
+  ];
+  assert.deepEqual(unavailability(acks, [{ label: "f", from: 10, to: 20 }]), [{ label: "f", from: 10, to: 20, webhooks: 4, failed: 2, rate_503: 0.5 }]);
+});

@@ -1,0 +1,108 @@
+// The drills' call load: new calls at a rate, a share of duplicate
+// deliveries, Telnyx's retry after 2 s of anything but a settled answer, and
+// a hangup after a short hold. Every webhook sent is recorded with its answer.
+
+import { telnyxHeaders } from "../e2e/harness.mjs";
+import { event, LINE, PLAIN_CALLER, sleep } from "../e2e/agents-cluster.mjs";
+
+/** A seeded PRNG (mulberry32): returns () => [0, 1). */
+export function prng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const RETRY_MS = 2_000;
+// Answers after which Telnyx would not retry: 200, and refusals that a retry cannot change.
+const settled = (status) => status !== 0 && status !== 503 && status < 500;
+
+/**
+ * Runs a load against `stack` until `calls` calls have started, and on
+ * while `more()` holds.
+ * opts: { calls, rate (calls/s), seed, duplicates (share), holdMs: [min, max],
+ *   retries, caller(i) => number, tag, more() => bool }
+ * Returns { acks, ccids, sessions, sent } (see checker.mjs for acks).
+ */
+export async function runLoad(stack, opts) {
+  const rand = prng(opts.seed ?? 1);
+  const acks = [];
+  const ccids = {};
+  const sessions = [];
+  const wire = [];
+  const { cluster } = stack;
+  const tag = opts.tag ?? "drill";
+
+  async function send(call, type, id, body) {
+    for (let attempt = 1; ; attempt += 1) {
+      const at = Date.now();
+      const headers = telnyxHeaders(body, cluster.keys.telnyx.privateKeyObject);
+      wire.push({ at, body, headers: { "telnyx-timestamp": headers["telnyx-timestamp"], "telnyx-signature-ed25519": headers["telnyx-signature-ed25519"] } });
+      let status = 0;
+      let answer = null;
+      try {
+        const res = await cluster.edge.fetch("/v1/telnyx/webhook", { method: "POST", headers, body, signal: AbortSignal.timeout(10_000) });
+        status = res.status;
+        const text = await res.text();
+        try {
+          answer = JSON.parse(text);
+        } catch {
+          answer = text;
+        }
+      } catch (e) {
+        answer = { error: `network: ${e.cause?.code ?? e.name}` };
+      }
+      acks.push({ session: call.session, ccid: call.ccid, event_id: id, type, status, body: answer, at, attempt });
+      if (settled(status) || attempt > (opts.retries ?? 6)) return status;
+      await sleep(RETRY_MS);
+    }
+  }
+
+  async function oneCall(i) {
+    const n = `${tag}-${opts.seed ?? 1}-${i}-${Date.now()}`;
+    const call = { session: `sess-${n}`, ccid: `ccid-${n}` };
+    ccids[call.ccid] = call.session;
+    sessions.push(call.session);
+    const from = opts.caller ? opts.caller(i, rand) : PLAIN_CALLER;
+    const init = event({ id: `ev-init-${n}`, type: "call.initiated", session: call.session, ccid: call.ccid, from, to: LINE.number });
+    const first = send(call, "call.initiated", `ev-init-${n}`, init);
+    const dups = rand() < (opts.duplicates ?? 0.1) ? [sleep(rand() * 300).then(() => send(call, "call.initiated", `ev-init-${n}`, init))] : [];
+    await Promise.all([first, ...dups]);
+    const [lo, hi] = opts.holdMs ?? [200, 1500];
+    await sleep(lo + rand() * (hi - lo));
+    const hang = event({ id: `ev-hangup-${n}`, type: "call.hangup", session: call.session, ccid: call.ccid, from, to: LINE.number });
+    await send(call, "call.hangup", `ev-hangup-${n}`, hang);
+  }
+
+  const running = new Set();
+  const started = Date.now();
+  for (let i = 0; i < opts.calls || opts.more?.(); i += 1) {
+    const due = started + (i * 1000) / opts.rate;
+    if (due > Date.now()) await sleep(due - Date.now());
+    const p = oneCall(i).finally(() => running.delete(p));
+    running.add(p);
+  }
+  await Promise.all(running);
+  return { acks, ccids, sessions, wire };
+}
+
+/** Reads the edge's views of `sessions` (call view and, unless `withDecisions` is false, decisions), `parallel` at a time. */
+export async function collect(stack, sessions, { parallel = 6, withDecisions = true } = {}) {
+  const calls = {};
+  const decisions = [];
+  const queue = [...sessions];
+  async function worker() {
+    while (queue.length) {
+      const s = queue.shift();
+      const view = await stack.cluster.call(s);
+      if (view.status === 200) calls[s] = view.body;
+      if (withDecisions) decisions.push(...(await stack.cluster.decisions(s)));
+    }
+  }
+  await Promise.all(Array.from({ length: parallel }, worker));
+  return { calls, decisions };
+}

@@ -1,0 +1,88 @@
+// The drills' deployment: agents-cluster.mjs's stack (the built Worker in
+// workerd with its SQLite Dispatcher, real agents with demo apps, the fake
+// Telnyx) on a fixed edge port, so the edge can be killed with SIGKILL and
+// restarted on the same storage while the agents keep its URL, with a TCP
+// fault proxy in front of every node's origin, and the faults the drills
+// inject.
+
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { bindingsFor, testKeys, workerdPids } from "../e2e/harness.mjs";
+import { freePort, startCluster, waitFor } from "../e2e/agents-cluster.mjs";
+import { startFaultProxy } from "./faultproxy.mjs";
+import { startRecorder } from "./recorder.mjs";
+
+
+/**
+ * Starts the stack. `nodes` and `policy` as for startCluster; `bindings` are
+ * added to the Worker's configuration (the CALLFENCE_TEST_* timings);
+ * `recordBeats` puts a recorder between the agents and the edge
+ * (`stack.recorder.beats`).
+ */
+export async function startStack({ nodes, policy, bindings = {}, recordBeats = false }) {
+  const keys = testKeys();
+  const port = await freePort();
+  const proxies = {};
+  let recorder = null;
+  const cluster = await startCluster({
+    nodes,
+    policy,
+    edge: { keys, port, bindings: { ...bindingsFor(keys), ...bindings } },
+    originFront: async (id, url) => {
+      proxies[id] = await startFaultProxy(url);
+      return proxies[id].url;
+    },
+    edgeFront: recordBeats
+      ? async (url) => {
+          recorder = await startRecorder(url);
+          return recorder.url;
+        }
+      : undefined,
+  });
+  const stack = { cluster, proxies, recorder, edge: cluster.edge, telnyx: cluster.telnyx, nodes: cluster.nodes };
+
+  /** SIGKILL of workerd, then a new runtime on the same storage and port. */
+  stack.killEdge = async () => {
+    const pids = workerdPids();
+    for (const pid of pids) process.kill(pid, "SIGKILL");
+    await cluster.edge.restart();
+    return pids.length;
+  };
+  /** Freezes a node's agent (its beat goes stale) or thaws it. */
+  stack.freezeAgent = (id, frozen) => {
+    const child = cluster.nodes[id].agent?.child;
+    if (child && child.exitCode === null && child.signalCode === null) child.kill(frozen ? "SIGSTOP" : "SIGCONT");
+  };
+  /** Makes a node's checkout dirty (an uncommitted change) or clean again. */
+  stack.dirty = (id, dirty) => {
+    const file = join(cluster.nodes[id].checkout, "app.txt");
+    writeFileSync(file, dirty ? `voice app for ${id}\nlocal edit\n` : `voice app for ${id}\n`);
+  };
+  /** The agent's mode: active, drained, ... */
+  stack.mode = (id, mode) => {
+    const r = cluster.nodes[id].cli("mode", "set", mode);
+    if (r.status !== 0) throw new Error(`${id}: mode set ${mode}: ${r.stderr}`);
+  };
+  /** Restarts whatever of a node is down; resets its proxy and mode. */
+  stack.heal = async (id) => {
+    const n = cluster.nodes[id];
+    proxies[id].set("pass");
+    stack.freezeAgent(id, false);
+    stack.dirty(id, false);
+    if (n.app.child.exitCode !== null || n.app.child.signalCode !== null) await n.startApp(n.appArgs);
+    if (n.agent.child.exitCode !== null || n.agent.child.signalCode !== null) await n.startAgent();
+    stack.mode(id, "active");
+  };
+  stack.waitAllEligible = (timeout = 30_000) =>
+    waitFor("every node eligible", async () => {
+      const status = await cluster.status();
+      return status.nodes.every((n) => n.eligible === true);
+    }, { timeout, every: 250 });
+  stack.close = async () => {
+    for (const id of Object.keys(proxies)) stack.freezeAgent(id, false);
+    await cluster.close();
+    for (const p of Object.values(proxies)) await p.close();
+    await recorder?.close();
+  };
+  return stack;
+}
