@@ -26,7 +26,7 @@ use crate::log::RequestLog;
 use crate::protocol::{self, Next, Reply, Request as ProtocolRequest, Unavailable};
 use crate::refusal::Refusal;
 use crate::reply::{Answer, ApiError};
-use callfence_core::engine::{Forward, Report, MAX_HOPS};
+use callfence_core::engine::{Delivered, Forward, Report, MAX_HOPS};
 use callfence_core::outcome::EarlyAnswer;
 use callfence_core::telnyx::Envelope;
 use futures_channel::oneshot;
@@ -155,8 +155,12 @@ async fn forward_and_report(
         let request = ProtocolRequest::Report { report };
         let tx = match early {
             EarlyAnswer::Delivered => {
-                let body = json!({"delivered_to": forward.node, "epoch": forward.epoch, "event_id": forward.event_id});
-                let _ = tx.send((Hop::Answered(Answer::ok(body)), origin_wait));
+                let delivered = Delivered {
+                    delivered_to: forward.node.clone(),
+                    epoch: forward.epoch,
+                    event_id: forward.event_id.clone(),
+                };
+                let _ = tx.send((Hop::Answered(Answer::ok(json!(delivered))), origin_wait));
                 None
             }
             EarlyAnswer::Unknown => {

@@ -222,6 +222,28 @@ impl Request {
         }
     }
 
+    /// The node and key id of a node-signed request.
+    pub fn caller(&self) -> Option<(&str, &str)> {
+        match self {
+            Request::Heartbeat { node, kid, .. }
+            | Request::Fence { node, kid }
+            | Request::Claim { node, kid }
+            | Request::MediaVerify { node, kid }
+            | Request::Probe { node, kid } => Some((node, kid)),
+            Request::Ping
+            | Request::NodeKeys
+            | Request::Webhook { .. }
+            | Request::Report { .. }
+            | Request::GetDocument { .. }
+            | Request::PutDocument { .. }
+            | Request::Preview
+            | Request::Status
+            | Request::Decisions { .. }
+            | Request::Call { .. }
+            | Request::Profile => None,
+        }
+    }
+
     /// True for the operations that may change stored state (after which
     /// the Dispatcher asks the engine when its alarm is next due).
     pub fn changes_state(&self) -> bool {

@@ -75,6 +75,14 @@ pub fn serve<S: Store>(
     now_ms: i64,
 ) -> Result<Served, EngineError> {
     let (request, payload) = (&message.request, message.payload.as_slice());
+    // A node request under a key the current registry no longer has is
+    // refused before its body is read, so it learns nothing about its
+    // validation (the engine re-checks the pair in its own unit).
+    if let Some((node, kid)) = request.caller() {
+        if !engine.key_in_force(caller(node, kid))? {
+            return Ok(Served::Reply(Refusal::UnknownNodeKey.encode()));
+        }
+    }
     let outcome = match request {
         Request::Ping => done(&Documents {
             documents: Present {
@@ -111,21 +119,16 @@ pub fn serve<S: Store>(
             node,
             kid,
             signed_at_s,
-        } => match engine.key_in_force(caller(node, kid))? {
-            false => Err(Refusal::UnknownNodeKey),
-            true => match engine.handle_heartbeat(caller(node, kid), *signed_at_s, payload, now_ms)
-            {
-                Ok(answer) => done(&answer),
-                Err(HeartbeatRefusal::Engine(e)) => return Err(e),
-                Err(HeartbeatRefusal::Invalid(detail)) => Err(Refusal::InvalidHeartbeat(detail)),
-                Err(HeartbeatRefusal::StaleSeq) => Err(Refusal::StaleSeq),
-                Err(HeartbeatRefusal::UnknownNode) => Err(Refusal::UnknownNodeKey),
-            },
+        } => match engine.handle_heartbeat(caller(node, kid), *signed_at_s, payload, now_ms) {
+            Ok(answer) => done(&answer),
+            Err(HeartbeatRefusal::Engine(e)) => return Err(e),
+            Err(HeartbeatRefusal::Invalid(detail)) => Err(Refusal::InvalidHeartbeat(detail)),
+            Err(HeartbeatRefusal::StaleSeq) => Err(Refusal::StaleSeq),
+            Err(HeartbeatRefusal::UnknownNode) => Err(Refusal::UnknownNodeKey),
         },
-        Request::Fence { node, kid } => match (engine.key_in_force(caller(node, kid))?, media) {
-            (false, _) => Err(Refusal::UnknownNodeKey),
-            (true, None) => Err(Refusal::MediaKeysMissing),
-            (true, Some(media)) => match parse(payload, FenceRequest::parse) {
+        Request::Fence { node, kid } => match media {
+            None => Err(Refusal::MediaKeysMissing),
+            Some(media) => match parse(payload, FenceRequest::parse) {
                 Err(refusal) => Err(refusal),
                 Ok(req) => match engine.handle_fence(caller(node, kid), &req, media, now_ms)? {
                     FenceReply::Granted(grant) => done(&grant),
@@ -134,44 +137,38 @@ pub fn serve<S: Store>(
                 },
             },
         },
-        Request::Claim { node, kid } => match engine.key_in_force(caller(node, kid))? {
-            false => Err(Refusal::UnknownNodeKey),
-            true => match parse(payload, ClaimRequest::parse) {
-                Err(refusal) => Err(refusal),
-                Ok(req) => match engine.handle_claim(caller(node, kid), &req, now_ms)? {
-                    ClaimReply::Claimed {
-                        call_session_id,
-                        epoch,
-                    } => done(&Claimed::new(&call_session_id, epoch)),
-                    ClaimReply::AlreadyOwned => Err(Refusal::AlreadyOwned),
-                    ClaimReply::NotRegistered => Err(Refusal::UnknownNodeKey),
-                },
+        Request::Claim { node, kid } => match parse(payload, ClaimRequest::parse) {
+            Err(refusal) => Err(refusal),
+            Ok(req) => match engine.handle_claim(caller(node, kid), &req, now_ms)? {
+                ClaimReply::Claimed {
+                    call_session_id,
+                    epoch,
+                } => done(&Claimed::new(&call_session_id, epoch)),
+                ClaimReply::AlreadyOwned => Err(Refusal::AlreadyOwned),
+                ClaimReply::NotRegistered => Err(Refusal::UnknownNodeKey),
             },
         },
-        Request::MediaVerify { node, kid } => {
-            match (engine.key_in_force(caller(node, kid))?, media) {
-                (false, _) => Err(Refusal::UnknownNodeKey),
-                (true, None) => Err(Refusal::MediaKeysMissing),
-                (true, Some(media)) => match parse(payload, MediaVerifyRequest::parse) {
-                    Err(refusal) => Err(refusal),
-                    Ok(req) => {
-                        match engine.handle_media_verify(
-                            caller(node, kid),
-                            &req.media_token,
-                            media,
-                            now_ms,
-                        )? {
-                            MediaReply::UnknownNodeKey => Err(Refusal::UnknownNodeKey),
-                            MediaReply::Valid {
-                                call_session_id,
-                                epoch,
-                            } => done(&MediaValid::new(&call_session_id, epoch)),
-                            MediaReply::Invalid(r) => Err(Refusal::Media(r)),
-                        }
+        Request::MediaVerify { node, kid } => match media {
+            None => Err(Refusal::MediaKeysMissing),
+            Some(media) => match parse(payload, MediaVerifyRequest::parse) {
+                Err(refusal) => Err(refusal),
+                Ok(req) => {
+                    match engine.handle_media_verify(
+                        caller(node, kid),
+                        &req.media_token,
+                        media,
+                        now_ms,
+                    )? {
+                        MediaReply::UnknownNodeKey => Err(Refusal::UnknownNodeKey),
+                        MediaReply::Valid {
+                            call_session_id,
+                            epoch,
+                        } => done(&MediaValid::new(&call_session_id, epoch)),
+                        MediaReply::Invalid(r) => Err(Refusal::Media(r)),
                     }
-                },
-            }
-        }
+                }
+            },
+        },
         Request::GetDocument { kind, revision } => match engine.get_document(*kind, *revision) {
             Ok((revision, document)) => done(&DocumentRead { revision, document }),
             Err(e) => Err(Refusal::Document(DocumentRefusal::from_error(e)?)),
@@ -201,15 +198,12 @@ pub fn serve<S: Store>(
             None => Err(Refusal::UnknownCall),
         },
         Request::Profile => done(profile),
-        Request::Probe { node, kid } => match engine.key_in_force(caller(node, kid))? {
-            false => Err(Refusal::UnknownNodeKey),
-            true => match engine.handle_probe(node, now_ms)? {
-                ProbeAdmission::Send { origin_url } => done(&ProbeTarget { origin_url }),
-                ProbeAdmission::RateLimited { retry_after_s } => {
-                    Err(Refusal::ProbeRateLimited(retry_after_s))
-                }
-                ProbeAdmission::UnknownNode => Err(Refusal::UnknownNodeKey),
-            },
+        Request::Probe { node, .. } => match engine.handle_probe(node, now_ms)? {
+            ProbeAdmission::Send { origin_url } => done(&ProbeTarget { origin_url }),
+            ProbeAdmission::RateLimited { retry_after_s } => {
+                Err(Refusal::ProbeRateLimited(retry_after_s))
+            }
+            ProbeAdmission::UnknownNode => Err(Refusal::UnknownNodeKey),
         },
     };
     Ok(Served::Reply(
