@@ -628,7 +628,7 @@ async function main() {
     JSON.stringify(
       {
         dispatcher: url,
-        dashboard: `${url}/`,
+        panel: `${url}/`,
         admin_token_file: paths.adminToken,
         telnyx_seed_file: paths.telnyxSeed,
         fake_telnyx: telnyxUrl,
@@ -671,7 +671,7 @@ async function main() {
 callfence dev is running. Ctrl-C stops everything.
 
   dispatcher     ${url.padEnd(24)} workerd, state in ${paths.state}
-  dashboard      ${`${url}/`.padEnd(24)} bearer: the admin token in ${paths.adminToken}
+  panel          ${`${url}/`.padEnd(24)} bearer: the admin token in ${paths.adminToken}
   fake Telnyx    ${telnyxUrl.padEnd(24)} prints the commands it gets; GET ${telnyxUrl}/__record
   logs           ${paths.logs}/
   nodes (callfence-agent -> callfence-demo-app):

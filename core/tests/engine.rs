@@ -682,3 +682,49 @@ fn the_heartbeat_answer_names_the_registry_allowed_shas() {
     let answer = w.beat("M1", |_| {}).unwrap();
     assert_eq!(answer["allowed_shas"], json!(["c".repeat(40)]));
 }
+
+#[test]
+fn a_node_removed_from_the_registry_loses_its_beat_and_health_at_the_next_alarm() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    w.beat("M2", |_| {}).unwrap();
+    let rows = |w: &World, node: &str| {
+        let count = |table: &str| {
+            let sql = format!("SELECT COUNT(*) FROM {table} WHERE node = ?");
+            w.engine.store().exec(&sql, &[node.into()]).unwrap()[0][0].clone()
+        };
+        (count("heartbeats"), count("node_health"))
+    };
+    assert_eq!(rows(&w, "M2").0, Value::Int(1));
+    // A policy that no longer names M2, then a registry without it.
+    let policy = json!({"schema": "riff_node_routing_policy_v1", "default_node": "M1",
+        "by_line": {"sales": {"called_number": "+15102160079", "preferred_node": "M1"}}});
+    w.engine
+        .put_document(
+            DocKind::Policy,
+            policy.to_string().as_bytes(),
+            Some("\"1\""),
+            "t",
+            w.now,
+        )
+        .unwrap();
+    let (_, mut registry) = w.engine.get_document(DocKind::Nodes, None).unwrap();
+    registry["nodes"].as_object_mut().unwrap().remove("M2");
+    w.engine
+        .put_document(
+            DocKind::Nodes,
+            registry.to_string().as_bytes(),
+            Some("\"1\""),
+            "t",
+            w.now,
+        )
+        .unwrap();
+    w.now += 1_000;
+    w.engine.poll_alarm(w.now).unwrap();
+    assert_eq!(rows(&w, "M2"), (Value::Int(0), Value::Int(0)));
+    assert_eq!(
+        rows(&w, "M1").0,
+        Value::Int(1),
+        "a registered node keeps its beat"
+    );
+}
