@@ -74,6 +74,25 @@ impl World {
         }
     }
 
+    /// Writes `doc` as the next revision of `kind` (compare-and-set on the
+    /// current one).
+    fn put(&self, kind: DocKind, doc: &serde_json::Value) {
+        let current = self.engine.revision(kind).unwrap();
+        let mut doc = doc.clone();
+        if let Some(o) = doc.as_object_mut() {
+            o.remove("revision");
+        }
+        self.engine
+            .put_document(
+                kind,
+                doc.to_string().as_bytes(),
+                Some(&format!("\"{current}\"")),
+                "t",
+                self.now,
+            )
+            .unwrap();
+    }
+
     fn beat(
         &mut self,
         node: &str,
@@ -667,18 +686,7 @@ fn the_heartbeat_answer_names_the_registry_allowed_shas() {
     assert_eq!(answer["allowed_shas"], serde_json::Value::Null);
     let mut registry = w.engine.get_document(DocKind::Nodes, None).unwrap().1;
     registry["nodes"]["M1"]["allowed_shas"] = json!(["c".repeat(40)]);
-    if let Some(o) = registry.as_object_mut() {
-        o.remove("revision");
-    }
-    w.engine
-        .put_document(
-            DocKind::Nodes,
-            registry.to_string().as_bytes(),
-            Some("\"1\""),
-            "t",
-            w.now,
-        )
-        .unwrap();
+    w.put(DocKind::Nodes, &registry);
     let answer = w.beat("M1", |_| {}).unwrap();
     assert_eq!(answer["allowed_shas"], json!(["c".repeat(40)]));
 }
@@ -699,26 +707,10 @@ fn a_node_removed_from_the_registry_loses_its_beat_and_health_at_the_next_alarm(
     // A policy that no longer names M2, then a registry without it.
     let policy = json!({"schema": "riff_node_routing_policy_v1", "default_node": "M1",
         "by_line": {"sales": {"called_number": "+15102160079", "preferred_node": "M1"}}});
-    w.engine
-        .put_document(
-            DocKind::Policy,
-            policy.to_string().as_bytes(),
-            Some("\"1\""),
-            "t",
-            w.now,
-        )
-        .unwrap();
+    w.put(DocKind::Policy, &policy);
     let (_, mut registry) = w.engine.get_document(DocKind::Nodes, None).unwrap();
     registry["nodes"].as_object_mut().unwrap().remove("M2");
-    w.engine
-        .put_document(
-            DocKind::Nodes,
-            registry.to_string().as_bytes(),
-            Some("\"1\""),
-            "t",
-            w.now,
-        )
-        .unwrap();
+    w.put(DocKind::Nodes, &registry);
     w.now += 1_000;
     w.engine.poll_alarm(w.now).unwrap();
     assert_eq!(rows(&w, "M2"), (Value::Int(0), Value::Int(0)));
