@@ -22,6 +22,7 @@
 //! - [`dashboard`]: the read-only page at `/`.
 //! - [`reply`]: JSON replies, error codes to HTTP, body size limits.
 //! - [`log`]: one JSON line per request, secrets never included.
+//! - [`request_url`]: the host and query parameters of a request's URL.
 //! - [`clock`]: the edge's clock.
 //!
 //! Dispatcher:
@@ -55,6 +56,7 @@ pub mod probe;
 pub mod protocol;
 pub mod refusal;
 pub mod reply;
+pub mod request_url;
 pub mod routes;
 
 use crate::config::{Capability, Config};
