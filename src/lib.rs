@@ -16,6 +16,7 @@
 //! - [`health`]: `/healthz`, `/v1/health`, `/v1/keys`.
 //! - [`ingress`]: carrier webhooks: ask, forward, report, answer.
 //! - [`forward`]: one forward to an origin, with the assertion.
+//! - [`subrequest`]: the Worker's outgoing POSTs, on the runtime's `RequestInit`.
 //! - [`node_routes`]: heartbeat, fence, claims, media checks.
 //! - [`probe`]: the L5 probe `POST /v1/nodes/probe` (SPEC §14).
 //! - [`panel`]: documents, preview, status, decisions, calls.
@@ -58,6 +59,7 @@ pub mod refusal;
 pub mod reply;
 pub mod request_url;
 pub mod routes;
+pub mod subrequest;
 
 use crate::config::{Capability, Config};
 use crate::reply::{read_body, Answer, ApiError};
