@@ -16,6 +16,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { gzipSync } from "node:zlib";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { leb } from "./wasm-sections.mjs";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const args = process.argv.slice(2);
@@ -30,20 +31,15 @@ const gz = (b) => gzipSync(b, { level: 9 }).length;
 const shipped = join(root, "build/index_bg.wasm");
 if (existsSync(shipped)) {
   const b = readFileSync(shipped);
-  console.log(`shipped: build/index_bg.wasm ${b.length} bytes raw, ${gz(b)} bytes gzipped (-9)`);
+  console.log(`shipped: build/index_bg.wasm ${b.length} bytes raw, ${gz(b)} bytes gzipped (zlib level 9, within 1% of gzip -9)`);
 }
 
 const bytes = readFileSync(file);
 let pos = 8;
 const u32 = () => {
-  let result = 0;
-  let shift = 0;
-  for (;;) {
-    const b = bytes[pos++];
-    result += (b & 0x7f) * 2 ** shift;
-    if ((b & 0x80) === 0) return result;
-    shift += 7;
-  }
+  const [value, next] = leb(bytes, pos);
+  pos = next;
+  return value;
 };
 const text = (n) => {
   const s = bytes.subarray(pos, pos + n).toString("utf8");

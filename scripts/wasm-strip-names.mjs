@@ -5,6 +5,7 @@
 //
 //   node scripts/wasm-strip-names.mjs in.wasm out.wasm
 import { readFileSync, writeFileSync } from "node:fs";
+import { sections } from "./wasm-sections.mjs";
 
 const [input, output] = process.argv.slice(2);
 if (!input || !output) {
@@ -13,28 +14,7 @@ if (!input || !output) {
 }
 const bytes = readFileSync(input);
 const kept = [bytes.subarray(0, 8)];
-let pos = 8;
-const u32 = () => {
-  let result = 0;
-  let shift = 0;
-  for (;;) {
-    const b = bytes[pos++];
-    result += (b & 0x7f) * 2 ** shift;
-    if ((b & 0x80) === 0) return result;
-    shift += 7;
-  }
-};
-while (pos < bytes.length) {
-  const start = pos;
-  const id = bytes[pos++];
-  const size = u32();
-  const end = pos + size;
-  let name = null;
-  if (id === 0) {
-    const length = u32();
-    name = bytes.subarray(pos, pos + length).toString("utf8");
-  }
-  if (name !== "name") kept.push(bytes.subarray(start, end));
-  pos = end;
+for (const section of sections(bytes)) {
+  if (section.name !== "name") kept.push(bytes.subarray(section.start, section.end));
 }
 writeFileSync(output, Buffer.concat(kept));
