@@ -30,6 +30,16 @@ worker-build --release
 
 wasm=build/index_bg.wasm
 [[ -f build/index.js && -f "$wasm" ]] || fail "worker-build did not produce build/index.js and $wasm"
+
+# worker-build runs wasm-opt with `--debuginfo`, which keeps the name
+# section: about 200 KB raw and 50 KB gzipped of the file. The shipped wasm
+# goes without it, every other byte as wasm-opt wrote it; the named copy
+# stays in target/ for `node scripts/wasm-size.mjs` and to put names on a
+# `wasm-function[N]` of a production stack trace (the same N in the copy).
+named=target/wasm-size/index_bg.named.wasm
+mkdir -p "$(dirname "$named")"
+cp "$wasm" "$named"
+node scripts/wasm-strip-names.mjs "$named" "$wasm"
 raw=$(wc -c <"$wasm")
 gz=$(gzip -9 -c "$wasm" | wc -c)
 printf 'build: %s is %d bytes raw, %d bytes gzipped\n' "$wasm" "$raw" "$gz"

@@ -6,14 +6,13 @@
 //! probe assertion).
 
 use crate::config::EdgeKey;
+use crate::subrequest::{post, Redirects};
 use callfence_core::assertion;
 use callfence_core::engine::{Forward, ReportedAnswer};
 use callfence_core::outcome::truncate_body;
 use futures_util::future::{select, Either};
 use std::time::Duration;
-use worker::{
-    AbortController, Delay, Fetch, Headers, Method, Request, RequestInit, RequestRedirect,
-};
+use worker::{AbortController, Delay, Fetch, Headers, Request};
 
 /// The headers stored with an event that travel with it (lowercase).
 pub const CARRIED_HEADERS: [&str; 3] = [
@@ -143,10 +142,5 @@ fn request(
         }
     }
     carried.set(assertion::HEADER, token)?;
-    let mut init = RequestInit::new();
-    init.with_method(Method::Post)
-        .with_headers(carried)
-        .with_body(Some(body.into()))
-        .with_redirect(RequestRedirect::Manual);
-    Request::new_with_init(url, &init)
+    post(url, Some(&carried), &body.into(), Redirects::Manual)
 }

@@ -16,12 +16,14 @@
 //! - [`health`]: `/healthz`, `/v1/health`, `/v1/keys`.
 //! - [`ingress`]: carrier webhooks: ask, forward, report, answer.
 //! - [`forward`]: one forward to an origin, with the assertion.
+//! - [`subrequest`]: the Worker's outgoing POSTs, on the runtime's `RequestInit`.
 //! - [`node_routes`]: heartbeat, fence, claims, media checks.
 //! - [`probe`]: the L5 probe `POST /v1/nodes/probe` (SPEC §14).
 //! - [`panel`]: documents, preview, status, decisions, calls.
 //! - [`dashboard`]: the read-only page at `/`.
 //! - [`reply`]: JSON replies, error codes to HTTP, body size limits.
 //! - [`log`]: one JSON line per request, secrets never included.
+//! - [`request_url`]: the host and query parameters of a request's URL.
 //! - [`clock`]: the edge's clock.
 //!
 //! Dispatcher:
@@ -55,7 +57,9 @@ pub mod probe;
 pub mod protocol;
 pub mod refusal;
 pub mod reply;
+pub mod request_url;
 pub mod routes;
+pub mod subrequest;
 
 use crate::config::{Capability, Config};
 use crate::reply::{read_body, Answer, ApiError};

@@ -105,11 +105,7 @@ impl SignedHeaders {
     pub fn of(req: &Request) -> SignedHeaders {
         let header = |name: &str| req.headers().get(name).ok().flatten();
         let host = header("Host")
-            .or_else(|| {
-                req.url()
-                    .ok()
-                    .and_then(|url| url.host_str().map(str::to_owned))
-            })
+            .or_else(|| crate::request_url::host(&req.inner().url()).map(str::to_owned))
             .unwrap_or_default();
         SignedHeaders {
             node: header(node_auth::HEADER_NODE),

@@ -10,11 +10,7 @@ use serde_json::json;
 use worker::{Env, Request};
 
 fn query(req: &Request, name: &str) -> Option<String> {
-    req.url()
-        .ok()?
-        .query_pairs()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.into_owned())
+    crate::request_url::query_param(&req.inner().url(), name)
 }
 
 /// A non-negative integer query parameter; anything else is 400.

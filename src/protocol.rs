@@ -651,11 +651,14 @@ pub async fn call_within<T: DeserializeOwned>(
         .map_err(failed)?;
     let url = format!("https://dispatcher/{}", request.op());
     let send = |body: Vec<u8>| {
-        let mut init = worker::RequestInit::new();
-        init.with_method(worker::Method::Post).with_body(Some(
-            worker::js_sys::Uint8Array::from(body.as_slice()).into(),
-        ));
-        worker::Request::new_with_init(&url, &init).map_err(failed)
+        let body = worker::js_sys::Uint8Array::from(body.as_slice());
+        crate::subrequest::post(
+            &url,
+            None,
+            &body.into(),
+            crate::subrequest::Redirects::Follow,
+        )
+        .map_err(failed)
     };
     let answer = async {
         let mut response = stub
