@@ -197,9 +197,9 @@ export function checkRollback({ snapshots, finals, sweeps, phases }) {
 }
 
 export async function rollback({ short = false, previous, swaps, rate } = {}) {
-  swaps ??= short ? 4 : 12;
+  swaps ??= short ? 3 : 12;
   rate ??= short ? 3 : 6;
-  const hold = short ? 5_000 : 10_000;
+  const hold = short ? 4_000 : 10_000;
   const prev = previousRelease(previous);
   const builds = {
     previous: { name: "previous", sha: prev.sha, dir: prev.build, ops: operationsOf(readFileSync(join(prev.root, "docs/openapi.yaml"), "utf8")) },
@@ -275,7 +275,7 @@ export async function rollback({ short = false, previous, swaps, rate } = {}) {
       parameters: { short, swaps, rate, hold_ms: hold, previous: { rev: prev.rev, sha: prev.sha, build: prev.build }, current: { sha: builds.current.sha } },
       figures: {
         ...figures,
-        swaps: swaps + 1,
+        build_swaps: swaps + 1, // workerd restarted with the other build, the final read included
         previous_release_build_s: prev.built_seconds,
         decisions_compared: snapshots.reduce((n, s) => n + s.decisions.size, 0),
         routes_asked: routesAsked,
