@@ -73,18 +73,20 @@ export function routeTable(stack, session) {
   const { cluster } = stack;
   const { keys } = cluster;
   const admin = { authorization: `Bearer ${keys.adminToken}` };
-  const get = async (path, headers = admin) => (await read(await cluster.edge.fetch(path, { headers }))).status;
+  // No sweep request may hang the drill: each gives up after 15 s (a failed route).
+  const edgeFetch = (path, init = {}) => cluster.edge.fetch(path, { signal: AbortSignal.timeout(15_000), ...init });
+  const get = async (path, headers = admin) => (await read(await edgeFetch(path, { headers }))).status;
   const signed = async (node, path, body) => {
     const n = stack.nodes[node];
     const url = new URL(path, cluster.edge.url).toString();
     const headers = nodeHeaders({ url, body, node, kid: n.key.kid, privateKey: n.key.privateKeyObject });
-    return (await read(await cluster.edge.fetch(path, { method: "POST", headers, body }))).status;
+    return (await read(await edgeFetch(path, { method: "POST", headers, body }))).status;
   };
   // Writes the drill's own document again (a new revision, the same content).
   const putSame = async (kind) => {
-    const cur = await read(await cluster.edge.fetch(`/v1/${kind}`, { headers: admin }));
+    const cur = await read(await edgeFetch(`/v1/${kind}`, { headers: admin }));
     const doc = kind === "nodes" ? cluster.registry() : standardPolicy(Object.keys(stack.nodes));
-    const res = await read(await cluster.edge.fetch(`/v1/${kind}`, {
+    const res = await read(await edgeFetch(`/v1/${kind}`, {
       method: "PUT",
       headers: { ...admin, "content-type": "application/json", "if-match": `"${cur.body.revision}"` },
       body: JSON.stringify(doc),
@@ -94,7 +96,7 @@ export function routeTable(stack, session) {
   return {
     "POST /v1/telnyx/webhook": async () => {
       const body = JSON.stringify({ data: { event_type: "call.initiated" } });
-      const res = await read(await cluster.edge.fetch("/v1/telnyx/webhook", { method: "POST", headers: telnyxHeaders(body, keys.telnyx.privateKeyObject), body }));
+      const res = await read(await edgeFetch("/v1/telnyx/webhook", { method: "POST", headers: telnyxHeaders(body, keys.telnyx.privateKeyObject), body }));
       return { status: res.status, expect: [400] };
     },
     "POST /v1/nodes/heartbeat": async () => {
@@ -110,7 +112,7 @@ export function routeTable(stack, session) {
     "GET /v1/nodes": async () => ({ status: await get("/v1/nodes"), expect: [200] }),
     "PUT /v1/nodes": async () => ({ status: await putSame("nodes"), expect: [200] }),
     "POST /v1/routing/preview": async () => {
-      const res = await read(await cluster.edge.fetch("/v1/routing/preview", { method: "POST", headers: { ...admin, "content-type": "application/json" }, body: JSON.stringify({ to: LINE.number, from: PLAIN_CALLER }) }));
+      const res = await read(await edgeFetch("/v1/routing/preview", { method: "POST", headers: { ...admin, "content-type": "application/json" }, body: JSON.stringify({ to: LINE.number, from: PLAIN_CALLER }) }));
       return { status: res.status, expect: [200] };
     },
     "GET /v1/status": async () => ({ status: await get("/v1/status"), expect: [200] }),
