@@ -30,9 +30,9 @@ model-check:
 	bash scripts/setup.sh
 	bash scripts/model-check.sh
 
-## drill: the drills (chaos, failover, canary, replay) against the built Worker,
+## drill: the drills (chaos, failover, canary, replay, rollback, deploy) against the built Worker,
 ## real agents and a fake Telnyx; NAME=<name> runs one, SHORT=1 the short
-## forms, ARGS="--calls=N --rate=R --faults=F --seed=S --scale=X" the
+## forms, ARGS="--calls=N --rate=R --faults=F --seed=S --scale=X --swaps=N --previous=REV" the
 ## parameters; each prints a summary and writes .drills/<name>.json
 drill: build
 	CLOUDFLARE_CF_FETCH_ENABLED=false node scripts/drill.mjs $(NAME) $(if $(SHORT),--short) $(ARGS)

@@ -1,7 +1,8 @@
-// `make drill [NAME=<name>] [SHORT=1] [ARGS="--calls=N --rate=R --faults=F --seed=S --scale=X"]`:
+// `make drill [NAME=<name>] [SHORT=1] [ARGS="--calls=N --rate=R --faults=F --seed=S --scale=X --swaps=N --previous=REV"]`:
 // runs the drills (tests/drills/drills.mjs), prints a summary of each and
-// writes its report to .drills/<name>.json. The numeric options go to every
-// drill that takes them (chaos: calls, rate, faults, seed; replay: scale).
+// writes its report to .drills/<name>.json. The options go to every drill
+// that takes them (chaos: calls, rate, faults, seed; replay: scale;
+// rollback: swaps, rate, previous, the commit of the previous release).
 // Exits non-zero unless every drill run passed. Build the Worker first
 // (`make drill` does).
 
@@ -15,9 +16,14 @@ const short = args.includes("--short");
 const names = args.filter((a) => !a.startsWith("--"));
 const params = {};
 for (const a of args.filter((x) => x.startsWith("--") && x !== "--short")) {
-  const m = a.match(/^--(calls|rate|faults|seed|scale)=(\d+(?:\.\d+)?)$/);
+  const rev = a.match(/^--previous=([0-9a-f]{7,40})$/);
+  if (rev) {
+    params.previous = rev[1];
+    continue;
+  }
+  const m = a.match(/^--(calls|rate|faults|seed|scale|swaps)=(\d+(?:\.\d+)?)$/);
   if (!m) {
-    console.error(`drill: unknown option ${JSON.stringify(a)} (want --short, --calls=N, --rate=R, --faults=F, --seed=S, --scale=X)`);
+    console.error(`drill: unknown option ${JSON.stringify(a)} (want --short, --calls=N, --rate=R, --faults=F, --seed=S, --scale=X, --swaps=N, --previous=REV)`);
     process.exit(2);
   }
   params[m[1]] = Number(m[2]);

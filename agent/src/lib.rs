@@ -41,9 +41,10 @@
 //! - [`notify`]: the systemd notify protocol and watchdog pings.
 //!
 //! Binaries besides `callfence-agent` (in `src/bin/`): `callfence-demo-app`,
-//! a minimal voice app, and `callfence-fake-telnyx`, the one fake Telnyx Call
+//! a minimal voice app, `callfence-fake-telnyx`, the one fake Telnyx Call
 //! Control API that `make dev`, the end-to-end suites and this crate's
-//! integration tests share.
+//! integration tests share, and `callfence-fake-notify`, systemd's side of
+//! the notify socket for the deploy drill.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

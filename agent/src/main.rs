@@ -174,6 +174,14 @@ fn main() -> ExitCode {
 }
 
 fn dispatch(cli: Cli) -> Result<ExitCode, AgentError> {
+    let offset = callfence_agent::clock::init_from_env()?;
+    if offset != 0 {
+        callfence_agent::log::warn(
+            "test_clock_offset",
+            serde_json::json!({"offset_ms": offset, "variable": callfence_agent::clock::TEST_OFFSET_VAR,
+                               "note": "test-only: this process's clock is shifted"}),
+        );
+    }
     match cli.command {
         Command::Keygen { out } => {
             let g = keys::keygen(&out)?;

@@ -115,3 +115,64 @@ export function unavailability(acks, windows) {
     return { ...w, webhooks: inside.length, failed, rate_503: inside.length ? +(failed / inside.length).toFixed(4) : 0 };
   });
 }
+
+/**
+ * Windows in which a node was marked ineligible on purpose ({ node, reason,
+ * marked_at, until }, times in ms; a null `marked_at` means it never was):
+ * a violation for each call assigned to that node while marked, and one for
+ * a mark that never came.
+ */
+export function routedWhileMarked(decisions, windows) {
+  const violations = [];
+  for (const w of windows) {
+    if (!w.reason) continue;
+    if (w.marked_at == null) {
+      violations.push({ kind: "never_marked", session: null, evidence: { node: w.node, reason: w.reason, from: w.from } });
+      continue;
+    }
+    for (const d of decisions) {
+      const at = Date.parse(d.at);
+      if (d.chosen === w.node && ASSIGNING.has(d.outcome) && at >= w.marked_at && at < w.until) {
+        violations.push({ kind: "routed_to_marked_node", session: d.call_session_id, evidence: { node: w.node, reason: w.reason, decision_id: d.decision_id, at: d.at, rule: d.rule } });
+      }
+    }
+  }
+  return violations;
+}
+
+/**
+ * Calls that broke (each a `call_broken` violation): not ended normally
+ * (`node_lost`, `max_duration`, still open); answered under two command_ids;
+ * a fence granted but no answer reaching Telnyx (a caller who hangs up
+ * before the app answers takes no fence, and is not a break); the last send
+ * of its call.initiated or of its hangup not acknowledged 200. `acks`,
+ * `commands` and `ccids` as for check(), `calls` the final call views.
+ * With `fencedUnanswered` (an array), a fenced call without an answer is
+ * pushed there instead: across an edge restart the grant's reply can be
+ * lost, and the demo app asks for the fence once (never two answers, but
+ * none).
+ */
+export function callsIntact({ calls, commands, ccids, acks }, fencedUnanswered = null) {
+  const answered = new Map();
+  for (const c of commands) if (c.action === "answer") answered.set(ccids[c.ccid], (answered.get(ccids[c.ccid]) ?? new Set()).add(c.body?.command_id ?? c.command_id));
+  const last = new Map();
+  for (const a of acks) last.set(`${a.session} ${a.type}`, a.status);
+  const violations = [];
+  for (const [session, call] of Object.entries(calls)) {
+    const answers = answered.get(session)?.size ?? 0;
+    const init = last.get(`${session} call.initiated`);
+    const hung = last.get(`${session} call.hangup`);
+    const unanswered = Boolean(call.fence) && answers === 0;
+    if (unanswered && fencedUnanswered) fencedUnanswered.push(session);
+    const broken =
+      call.state !== "ended" ||
+      answers > 1 ||
+      (unanswered && !fencedUnanswered) ||
+      (init !== undefined && init !== 200) ||
+      (hung !== undefined && hung !== 200);
+    if (broken) {
+      violations.push({ kind: "call_broken", session, evidence: { state: call.state, owner: call.owner, fence: call.fence ?? null, answers, initiated_status: init ?? null, hangup_status: hung ?? null } });
+    }
+  }
+  return violations;
+}

@@ -3,7 +3,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { check, commandId, epochOf, unavailability } from "./checker.mjs";
+import { callsIntact, check, commandId, epochOf, routedWhileMarked, unavailability } from "./checker.mjs";
 
 const SHA = "0123456789abcdef0123456789abcdef01234567";
 
@@ -98,4 +98,45 @@ test("the 503 rate of a window counts 503s and unanswered sends", () => {
     { at: 50, status: 503 },
   ];
   assert.deepEqual(unavailability(acks, [{ label: "f", from: 10, to: 20 }]), [{ label: "f", from: 10, to: 20, webhooks: 4, failed: 2, rate_503: 0.5 }]);
+});
+
+test("a call routed to a node while it was marked clock_skew, and a mark that never came", () => {
+  const decisions = clean().decisions.map((d, i) => ({ ...d, at: new Date(1_000 + i * 1_000).toISOString() }));
+  // s1 (M1 at 1 s) before the mark; s2's reassignment to M2 (at 3 s) inside M2's window.
+  const marked = [{ node: "M2", reason: "clock_skew", marked_at: 2_500, until: 5_000 }];
+  assert.deepEqual(routedWhileMarked(decisions, marked).map((v) => `${v.kind}:${v.session}`), ["routed_to_marked_node:s2"]);
+  assert.deepEqual(routedWhileMarked(decisions, [{ ...marked[0], marked_at: 3_500 }]), [], "before the mark is allowed");
+  assert.deepEqual(routedWhileMarked(decisions, [{ ...marked[0], until: 3_000 }]), [], "after the heal began is allowed");
+  assert.deepEqual(routedWhileMarked(decisions, [{ ...marked[0], marked_at: null }]).map((v) => v.kind), ["never_marked"]);
+  assert.deepEqual(routedWhileMarked(decisions, [{ node: "M2", from: 0, to: 9_000 }]), [], "a window without a mark is not checked");
+});
+
+test("a broken call: answered twice, fenced but never answered, lost, or a send not acknowledged", () => {
+  const h = clean();
+  h.calls.s1.fence = { node: "M1", epoch: 1, command_id: commandId("c1", 1) };
+  h.calls.s2.fence = { node: "M2", epoch: 2, command_id: commandId("c2", 2) };
+  h.acks = h.acks.map((a) => ({ ...a, type: "call.initiated" }));
+  h.acks.push({ session: "s1", event_id: "h1", type: "call.hangup", status: 200 }, { session: "s2", event_id: "h2", type: "call.hangup", status: 200 });
+  const broken = (x) => callsIntact(x).map((v) => `${v.kind}:${v.session}`);
+  assert.deepEqual(broken(h), []);
+  const twice = structuredClone(h);
+  twice.commands.push({ ccid: "c1", action: "answer", node: "M2", body: { command_id: commandId("c1", 2) } });
+  assert.deepEqual(broken(twice), ["call_broken:s1"]);
+  const never = structuredClone(h);
+  never.commands = never.commands.filter((c) => c.ccid !== "c2");
+  assert.deepEqual(broken(never), ["call_broken:s2"]);
+  const aside = [];
+  assert.deepEqual(callsIntact(never, aside), [], "set aside when asked");
+  assert.deepEqual(aside, ["s2"]);
+  delete never.calls.s2.fence;
+  assert.deepEqual(broken(never), [], "hung up before the app took the fence");
+  const lost = structuredClone(h);
+  lost.calls.s2.state = "node_lost";
+  assert.deepEqual(broken(lost), ["call_broken:s2"]);
+  const cut = structuredClone(h);
+  cut.acks.push({ session: "s1", event_id: "h1", type: "call.hangup", status: 503 });
+  assert.deepEqual(broken(cut), ["call_broken:s1"]);
+  const undelivered = structuredClone(h);
+  undelivered.acks.push({ session: "s2", event_id: "e2", type: "call.initiated", status: 503 });
+  assert.deepEqual(broken(undelivered), ["call_broken:s2"]);
 });

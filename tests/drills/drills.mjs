@@ -3,10 +3,12 @@
 // figures, violations, ... }. `short` is the form `make test` runs (≤ 60 s).
 
 import { CANARY_CALLER, PLAIN_CALLER, sleep, standardPolicy, waitFor } from "../e2e/agents-cluster.mjs";
-import { check, unavailability } from "./checker.mjs";
+import { check, routedWhileMarked, unavailability } from "./checker.mjs";
 import { collect, prng, runLoad } from "./load.mjs";
 import { startStack } from "./stack.mjs";
 import { compareDecisions, exportReplay, parseReplay, play, refuses } from "./replay.mjs";
+import { rollback } from "./rollback.mjs";
+import { deploy } from "./deploy.mjs";
 import { bindingsFor, read, ROOT, startEdge, startOrigin, testKeys } from "../e2e/harness.mjs";
 import { writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
@@ -15,7 +17,7 @@ const TIMINGS = { CALLFENCE_TEST_SWEEP_MS: "500", CALLFENCE_TEST_NODE_LOST_MS: "
 const stable = { role: "stable", max_calls: 1000 };
 
 /** Waits until no call of `sessions` is open (the sweep's chance), then reads the views. */
-async function settle(stack, sessions, timeout) {
+export async function settle(stack, sessions, timeout) {
   const isOpen = (c) => ["pending_assignment", "assigned", "answered"].includes(c.state);
   let open = sessions;
   await waitFor("every call settled", async () => {
@@ -32,7 +34,11 @@ function history(stack, load, views, extra = {}) {
 
 // ---------------------------------------------------------------- chaos ----
 
-const FAULTS = ["edge_kill", "agent_kill", "app_kill", "latency", "reset", "blackhole", "slow", "dirty", "drained", "stale"];
+const FAULTS = ["edge_kill", "agent_kill", "app_kill", "latency", "reset", "blackhole", "slow", "dirty", "drained", "stale", "clock_skew"];
+// A node's clock 30 s fast: past the edge's 10 s `clock_skew` bound, within
+// the assertions' 60 s lifetime (the node still takes its own calls' events)
+// and the 300 s bound on signed requests.
+const CLOCK_SKEW_MS = 30_000;
 
 /** One fault on a seeded pick; resolves with its window once healed. */
 async function inject(stack, kind, node, hold) {
@@ -66,10 +72,26 @@ async function inject(stack, kind, node, hold) {
     case "stale":
       stack.freezeAgent(node, true);
       break;
+    case "clock_skew":
+      await stack.skewClock(node, CLOCK_SKEW_MS);
+      break;
   }
+  // A skewed node must be marked before the hold counts: from then on, no
+  // new call may be routed to it (checker.mjs, routedWhileMarked).
+  const marked = kind === "clock_skew" ? await markedAt(stack, node, "clock_skew") : undefined;
   await sleep(kind === "stale" ? Math.max(hold, 4_000) : hold);
+  const healing = Date.now();
   if (kind !== "edge_kill") await stack.heal(node);
-  return { label: `${kind}${kind === "edge_kill" ? "" : ` ${node}`}`, kind, node: kind === "edge_kill" ? null : node, from, to: Date.now() };
+  const mark = kind === "clock_skew" ? { reason: "clock_skew", marked_at: marked, until: healing } : {};
+  return { label: `${kind}${kind === "edge_kill" ? "" : ` ${node}`}`, kind, node: kind === "edge_kill" ? null : node, from, to: Date.now(), ...mark };
+}
+
+/** When the edge's status first shows `reason` on `node` (null if not within 15 s). */
+async function markedAt(stack, node, reason) {
+  return stack.cluster
+    .waitNode(node, reason, (n) => n.reasons.includes(reason), 15_000)
+    .then(() => Date.now())
+    .catch(() => null);
 }
 
 export async function chaos({ short = false, seed = 7, calls, rate, faults } = {}) {
@@ -108,6 +130,7 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
     await faulting;
     const views = await settle(stack, load.sessions, maxDuration + 20_000);
     const { violations, figures } = check(history(stack, load, views));
+    violations.push(...routedWhileMarked(views.decisions, windows));
     const per = unavailability(load.acks, windows);
     const byKind = {};
     for (const w of per) {
@@ -368,4 +391,4 @@ export async function replay({ short = false, scale = 1 } = {}) {
   }
 }
 
-export const DRILLS = { chaos, failover, canary, replay };
+export const DRILLS = { chaos, failover, canary, replay, rollback, deploy };

@@ -25,7 +25,7 @@ const settled = (status) => status !== 0 && status !== 503 && status < 500;
  * Runs a load against `stack` until `calls` calls have started, and on
  * while `more()` holds.
  * opts: { calls, rate (calls/s), seed, duplicates (share), holdMs: [min, max],
- *   retries, caller(i) => number, tag, more() => bool }
+ *   retries, caller(i) => number, tag, more() => bool, onCall({ session, ccid }) as each call starts }
  * Returns { acks, ccids, sessions, sent } (see checker.mjs for acks).
  */
 export async function runLoad(stack, opts) {
@@ -67,6 +67,7 @@ export async function runLoad(stack, opts) {
     const call = { session: `sess-${n}`, ccid: `ccid-${n}` };
     ccids[call.ccid] = call.session;
     sessions.push(call.session);
+    opts.onCall?.(call);
     const from = opts.caller ? opts.caller(i, rand) : PLAIN_CALLER;
     const init = event({ id: `ev-init-${n}`, type: "call.initiated", session: call.session, ccid: call.ccid, from, to: LINE.number });
     const first = send(call, "call.initiated", `ev-init-${n}`, init);

@@ -16,10 +16,12 @@ import { startRecorder } from "./recorder.mjs";
 /**
  * Starts the stack. `nodes` and `policy` as for startCluster; `bindings` are
  * added to the Worker's configuration (the CALLFENCE_TEST_* timings);
+ * `deploy` lists the nodes run from a releases layout (startCluster's);
  * `recordBeats` puts a recorder between the agents and the edge
- * (`stack.recorder.beats`).
+ * (`stack.recorder.beats`); `build` is the Worker build directory to start
+ * with (default: ROOT/build).
  */
-export async function startStack({ nodes, policy, bindings = {}, recordBeats = false }) {
+export async function startStack({ nodes, policy, bindings = {}, recordBeats = false, build, deploy = [] }) {
   const keys = testKeys();
   const port = await freePort();
   const proxies = {};
@@ -27,7 +29,8 @@ export async function startStack({ nodes, policy, bindings = {}, recordBeats = f
   const cluster = await startCluster({
     nodes,
     policy,
-    edge: { keys, port, bindings: { ...bindingsFor(keys), ...bindings } },
+    deploy,
+    edge: { keys, port, build, bindings: { ...bindingsFor(keys), ...bindings } },
     originFront: async (id, url) => {
       proxies[id] = await startFaultProxy(url);
       return proxies[id].url;
@@ -48,10 +51,22 @@ export async function startStack({ nodes, policy, bindings = {}, recordBeats = f
     await cluster.edge.restart();
     return pids.length;
   };
+  /** A graceful restart of workerd on the same storage and port, running the Worker build in `dir`. */
+  stack.swapEdge = (dir) => cluster.edge.restart({ build: dir });
   /** Freezes a node's agent (its beat goes stale) or thaws it. */
   stack.freezeAgent = (id, frozen) => {
     const child = cluster.nodes[id].agent?.child;
     if (child && child.exitCode === null && child.signalCode === null) child.kill(frozen ? "SIGSTOP" : "SIGCONT");
+  };
+  /**
+   * Restarts a node's agent with its clock `offsetMs` off (the agent's
+   * test-only CALLFENCE_AGENT_TEST_CLOCK_OFFSET_MS); 0 restarts it plain.
+   */
+  stack.skewClock = async (id, offsetMs) => {
+    const n = cluster.nodes[id];
+    await n.killAgent("SIGTERM");
+    await n.startAgent(offsetMs ? { CALLFENCE_AGENT_TEST_CLOCK_OFFSET_MS: String(offsetMs) } : {});
+    n.clockOffsetMs = offsetMs;
   };
   /** Makes a node's checkout dirty (an uncommitted change) or clean again. */
   stack.dirty = (id, dirty) => {
@@ -69,6 +84,7 @@ export async function startStack({ nodes, policy, bindings = {}, recordBeats = f
     proxies[id].set("pass");
     stack.freezeAgent(id, false);
     stack.dirty(id, false);
+    if (n.clockOffsetMs) await stack.skewClock(id, 0);
     if (n.app.child.exitCode !== null || n.app.child.signalCode !== null) await n.startApp(n.appArgs);
     if (n.agent.child.exitCode !== null || n.agent.child.signalCode !== null) await n.startAgent();
     stack.mode(id, "active");

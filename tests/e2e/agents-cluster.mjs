@@ -188,9 +188,9 @@ function writeSecret(path, text) {
   chmodSync(path, 0o600);
 }
 
-/** Starts a process, keeping its output lines; resolves once `ready()` holds. */
-function launch(name, bin, args) {
-  const child = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"] });
+/** Starts a process (with `env` added to ours), keeping its output lines. */
+function launch(name, bin, args, env = {}) {
+  const child = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } });
   live.add(child);
   const lines = [];
   const keep = (chunk) => {
@@ -419,8 +419,12 @@ ${node.deployToml}`,
     /** Runs a one-shot agent command (`mode set drained`, ...). */
     node.cli = (...args) =>
       spawnSync(join(binDir, "callfence-agent"), ["--config", node.configPath, ...args], { encoding: "utf8" });
-    node.startAgent = async () => {
-      node.agent = launch(`agent ${id}`, join(binDir, "callfence-agent"), ["--config", node.configPath, "run"]);
+    /** As `cli`, with `env` added to the command's environment. */
+    node.cliWith = (env, ...args) =>
+      spawnSync(join(binDir, "callfence-agent"), ["--config", node.configPath, ...args], { encoding: "utf8", env: { ...process.env, ...env } });
+    /** Starts `callfence-agent run`; `env` is added to its environment (e.g. the test clock offset). */
+    node.startAgent = async (env = {}) => {
+      node.agent = launch(`agent ${id}`, join(binDir, "callfence-agent"), ["--config", node.configPath, "run"], env);
       const started = node.agent;
       await waitFor(`agent ${id} to serve`, async () => {
         if (started.child.exitCode !== null || started.lines.some((l) => l.startsWith("spawn failed"))) {

@@ -105,19 +105,19 @@ export function bindingsFor(keys) {
 
 // ------------------------------------------------------------- workers ----
 
-/** The prebuilt Worker as a Miniflare worker definition. */
-function edgeWorker(bindings, dispatcher) {
-  for (const file of ["build/index.js", "build/index_bg.wasm"]) {
-    if (!existsSync(join(ROOT, file))) {
-      throw new Error(`${file} is missing: run \`make build\` before the end-to-end tests`);
+/** The prebuilt Worker in `build` (a directory under ROOT) as a Miniflare worker definition. */
+function edgeWorker(bindings, dispatcher, build = join(ROOT, "build")) {
+  for (const file of ["index.js", "index_bg.wasm"]) {
+    if (!existsSync(join(build, file))) {
+      throw new Error(`${join(build, file)} is missing: run \`make build\` before the end-to-end tests`);
     }
   }
   return {
     name: "callfence",
     modulesRoot: ROOT,
     modules: [
-      { type: "ESModule", path: join(ROOT, "build/index.js") },
-      { type: "CompiledWasm", path: join(ROOT, "build/index_bg.wasm") },
+      { type: "ESModule", path: join(build, "index.js") },
+      { type: "CompiledWasm", path: join(build, "index_bg.wasm") },
     ],
     compatibilityDate: COMPATIBILITY_DATE,
     bindings,
@@ -134,6 +134,8 @@ function edgeWorker(bindings, dispatcher) {
  *   removed by `dispose()`).
  * options.port: the loopback port to listen on (default: a free one), kept
  *   across `restart()` so clients keep the same URL.
+ * options.build: the directory of the Worker build to run (default: ROOT/build;
+ *   another under ROOT, e.g. a previous release's).
  * options.dispatcherScript: source of a module Worker exporting a stand-in
  *   `Dispatcher` class (a faulty one, or a fake speaking the protocol);
  *   DISPATCHER is then bound to it instead of the real one.
@@ -142,7 +144,8 @@ function edgeWorker(bindings, dispatcher) {
  * dispose() }; `dispatcher()` is a stub of the "global" Dispatcher instance,
  * straight from Node.
  * `logs` collects every line the runtime logged; `restart()` disposes and
- * starts again on the same storage directory.
+ * starts again on the same storage directory (`restart({ build })`: with
+ * another Worker build).
  */
 export async function startEdge(options = {}) {
   const keys = options.keys ?? testKeys();
@@ -150,11 +153,12 @@ export async function startEdge(options = {}) {
   const ownsDir = options.dir === undefined;
   const dir = options.dir ?? mkdtempSync(join(tmpdir(), "callfence-e2e-"));
   const logs = [];
+  let build = options.build;
 
   const make = () => {
     const workers = options.dispatcherScript
       ? [
-          edgeWorker(bindings, { className: "Dispatcher", scriptName: "stand-in", useSQLite: true }),
+          edgeWorker(bindings, { className: "Dispatcher", scriptName: "stand-in", useSQLite: true }, build),
           {
             name: "stand-in",
             modules: true,
@@ -162,7 +166,7 @@ export async function startEdge(options = {}) {
             compatibilityDate: COMPATIBILITY_DATE,
           },
         ]
-      : [edgeWorker(bindings, { className: "Dispatcher", useSQLite: true })];
+      : [edgeWorker(bindings, { className: "Dispatcher", useSQLite: true }, build)];
     return new Miniflare({
       host: "127.0.0.1",
       port: options.port ?? 0,
@@ -193,8 +197,9 @@ export async function startEdge(options = {}) {
       const namespace = await mf.getDurableObjectNamespace("DISPATCHER", "callfence");
       return namespace.get(namespace.idFromName("global"));
     },
-    async restart() {
+    async restart(next = {}) {
       await mf.dispose();
+      if (next.build !== undefined) build = next.build;
       mf = make();
       url = await mf.ready;
     },

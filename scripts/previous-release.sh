@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds the previous release of the Worker for the rollback drill, once per
+# commit, and prints the directory holding its build (index.js,
+# index_bg.wasm) on stdout.
+#
+#   scripts/previous-release.sh [REV]
+#
+# REV defaults to the revision named in tests/drills/previous-release (the
+# last release; bump it when a release lands). The commit's tree is taken
+# with `git archive` (nothing is registered in the repository) into
+# target/previous-release/<sha>/src and built there with that commit's OWN
+# scripts/build.sh, offline (CARGO_NET_OFFLINE), with CARGO_TARGET_DIR set to
+# this checkout's target/ so that the dependencies already built are reused
+# and this repository's node_modules linked in. A finished build is marked
+# with a stamp file and never rebuilt; a failed one leaves no stamp. Do not
+# run it while `make build` runs: both write target/'s final wasm file.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root="$PWD"
+
+say() { printf 'previous-release: %s\n' "$*" >&2; }
+fail() { say "$*"; exit 1; }
+
+rev="${1:-$(tr -d '[:space:]' < tests/drills/previous-release)}"
+[[ "$rev" =~ ^[0-9a-f]{7,40}$ ]] || fail "want a commit (7 to 40 hex digits), got ${rev@Q}"
+sha="$(git rev-parse --verify --quiet "${rev}^{commit}")" \
+  || fail "no commit $rev in this repository (a shallow clone? fetch the full history)"
+
+cache="$root/target/previous-release/$sha"
+stamp="$cache/built"
+if [[ -f "$stamp" ]]; then
+  printf '%s\n' "$cache/src/build"
+  exit 0
+fi
+
+say "building $sha with its own scripts/build.sh (once; cached under ${cache#"$root"/})"
+rm -rf "$cache"
+mkdir -p "$cache/src"
+git archive --format=tar "$sha" | tar -x -C "$cache/src"
+[[ -f "$cache/src/scripts/build.sh" ]] || fail "$sha has no scripts/build.sh"
+[[ -d "$root/node_modules" ]] || fail "node_modules is missing: run scripts/setup.sh"
+ln -s "$root/node_modules" "$cache/src/node_modules"
+mkdir -p "$root/target"
+started=$SECONDS
+(
+  cd "$cache/src"
+  CARGO_TARGET_DIR="$root/target" CARGO_NET_OFFLINE=true bash scripts/build.sh
+) >&2 || fail "the build of $sha failed (see above)"
+for f in index.js index_bg.wasm; do
+  [[ -f "$cache/src/build/$f" ]] || fail "the build of $sha made no build/$f"
+done
+printf '%s %s\n' "$sha" "$((SECONDS - started))" > "$stamp"
+say "built $sha in $((SECONDS - started)) s"
+printf '%s\n' "$cache/src/build"
