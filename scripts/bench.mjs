@@ -28,7 +28,26 @@
 //  6. overload: BENCH_OVERLOAD_CALLS new calls with BENCH_OVERLOAD_CONCURRENCY
 //     in flight: how many the Dispatcher took and how many it shed (503
 //     `overloaded`, core/src/admission.rs), and the latency of each;
-//  7. the build's sizes.
+//  7. the build's sizes;
+//  8. per-webhook CPU with real resolution: /proc/<pid>/task/*/schedstat
+//     (ns on CPU, every thread) read at each request's start, so each
+//     sequential webhook gets its own reading and a median means something;
+//  9. the Worker's own CPU per webhook: the real Worker in front of a
+//     stand-in Dispatcher that answers at once, minus a JavaScript Worker
+//     making the same hop to the same stand-in (each in its own workerd,
+//     interleaved ABBA, schedstat per request);
+// 10. the Dispatcher on its own, driven from a driver Worker in the same
+//     workerd (CONCURRENCY in flight): full assignments (`webhook`), the
+//     same assignments' SQL writes alone (`writes_only`, under the test-only
+//     CALLFENCE_TEST_WRITES_ONLY: the same 9 writes in the same 2 commits,
+//     no reads, no decision, no forward), and `ping`; and the ratios of the
+//     assignment rates to the writes-only rate.
+//
+// BENCH_PERF=<file> also samples the callfence workerd with `perf record`
+// (cpu-clock) over the sequential phase and prints its CPU by kind of code
+// (JIT code, V8 runtime and compilers, SQLite, kernel, kj I/O, ...).
+// BENCH_STORAGE=shm keeps the Durable Object's SQLite files on tmpfs, where
+// fsync is free (the default is the disk, like the tests).
 //
 // The origin verifies nothing and answers 200 {"ok":true}. Every answer is
 // checked (callfence: 200 with delivered_to; pass-through: 200), and the run
