@@ -8,6 +8,7 @@
 // the disk/tmpfs ratio, not the rates. Needs strace and build/.
 // Usage: node scripts/bench-commits.mjs
 import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
 import { startEdge, bindingsFor, testKeys, workerdPids } from "../tests/e2e/harness.mjs";
 const DRIVER = `
 export default { async fetch(request, env) {
@@ -19,11 +20,11 @@ export default { async fetch(request, env) {
     const t = await r.text(); if (!t.includes('"ok":true')) bad++; } }));
   return Response.json({ bad });
 } };`;
-import { mkdtempSync } from "node:fs";
 for (const where of ["disk", "shm"]) {
   const keys = testKeys();
+  const dir = where === "shm" ? mkdtempSync("/dev/shm/callfence-commits-") : undefined;
   const before = new Set(workerdPids());
-  const edge = await startEdge({ keys, bindings: { ...bindingsFor(keys), CALLFENCE_TEST_WRITES_ONLY: "1" }, driverScript: DRIVER, dir: where === "shm" ? mkdtempSync("/dev/shm/cf-") : undefined });
+  const edge = await startEdge({ keys, bindings: { ...bindingsFor(keys), CALLFENCE_TEST_WRITES_ONLY: "1" }, driverScript: DRIVER, dir });
   const pid = workerdPids().find((p) => !before.has(p));
   const d = await edge.worker("driver");
   await (await d.fetch("http://d/", { method: "POST", body: JSON.stringify({ n: 50, c: 8, prefix: "warm" }) })).json();
@@ -36,4 +37,5 @@ for (const where of ["disk", "shm"]) {
   st.kill("SIGINT"); await new Promise((r) => st.on("exit", r));
   console.log(`${where}: 300 writes_only in ${secs.toFixed(2)} s = ${(300 / secs).toFixed(0)}/s, bad ${res.bad}\n${out}`);
   await edge.dispose();
+  if (dir) rmSync(dir, { recursive: true, force: true });
 }
