@@ -28,7 +28,26 @@
 //  6. overload: BENCH_OVERLOAD_CALLS new calls with BENCH_OVERLOAD_CONCURRENCY
 //     in flight: how many the Dispatcher took and how many it shed (503
 //     `overloaded`, core/src/admission.rs), and the latency of each;
-//  7. the build's sizes.
+//  7. the build's sizes;
+//  8. per-webhook CPU with real resolution: /proc/<pid>/task/*/schedstat
+//     (ns on CPU, every thread) read at each request's start, so each
+//     sequential webhook gets its own reading and a median means something;
+//  9. the Worker's own CPU per webhook: the real Worker in front of a
+//     stand-in Dispatcher that answers at once, minus a JavaScript Worker
+//     making the same hop to the same stand-in (each in its own workerd,
+//     interleaved ABBA, schedstat per request);
+// 10. the Dispatcher on its own, driven from a driver Worker in the same
+//     workerd (CONCURRENCY in flight): full assignments (`webhook`), the
+//     same assignments' SQL writes alone (`writes_only`, under the test-only
+//     CALLFENCE_TEST_WRITES_ONLY: the same 9 writes in the same 2 commits,
+//     no reads, no decision, no forward), and `ping`; and the ratios of the
+//     assignment rates to the writes-only rate.
+//
+// BENCH_PERF=<file> also samples the callfence workerd with `perf record`
+// (cpu-clock) over the sequential phase and prints its CPU by kind of code
+// (JIT code, V8 runtime and compilers, SQLite, kernel, kj I/O, ...).
+// BENCH_STORAGE=shm keeps the Durable Object's SQLite files on tmpfs, where
+// fsync is free (the default is the disk, like the tests).
 //
 // The origin verifies nothing and answers 200 {"ok":true}. Every answer is
 // checked (callfence: 200 with delivered_to; pass-through: 200), and the run
@@ -44,9 +63,9 @@
 // ...), so runs can be compared.
 
 import { Miniflare } from "miniflare";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { readFileSync, statSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import os from "node:os";
 import { join } from "node:path";
@@ -77,6 +96,11 @@ const CONCURRENCY = int("BENCH_CONCURRENCY", 8);
 const FORWARD_TIMEOUT_MS = int("BENCH_FORWARD_TIMEOUT_MS", 1500);
 const OVERLOAD_CALLS = int("BENCH_OVERLOAD_CALLS", 600);
 const OVERLOAD_CONCURRENCY = int("BENCH_OVERLOAD_CONCURRENCY", 32);
+// BENCH_STORAGE=shm: the Durable Object's SQLite directory on tmpfs
+// (/dev/shm), where fsync costs nothing, instead of the disk (the default,
+// as the e2e tests and `make dev` run it). Miniflare without a persist
+// directory still keeps SQLite Durable Objects in files on disk.
+const STORAGE = process.env.BENCH_STORAGE === "shm" ? "shm" : "disk";
 const WEBHOOK = "/v1/telnyx/webhook";
 const NODE = "M1";
 const KID = "k1";
@@ -122,6 +146,95 @@ function cpuMs(pid) {
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
   // fields[0] is field 3 (state): utime is field 14, stime field 15.
   return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS;
+}
+
+/**
+ * CPU time of every thread of `pid` so far, in ns, from the scheduler's
+ * own accounting (/proc/<pid>/task/<tid>/schedstat: time on CPU in ns): a
+ * per-request reading with real resolution, where utime/stime count 10 ms
+ * ticks.
+ */
+function cpuNs(pid) {
+  let total = 0;
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      total += Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, "utf8").split(" ")[0]);
+    } catch {
+      // the thread ended meanwhile
+    }
+  }
+  return total;
+}
+
+/**
+ * Per-request CPU of a process: the CPU it spent from one request's start
+ * to the next one's (so work left after an answer, a log line, a waitUntil,
+ * counts too), in ms.
+ */
+class CpuPerRequest {
+  constructor(pid) {
+    this.pid = pid;
+    this.samples = [];
+    this.last = null;
+  }
+  /** Marks the start of a request (and so the end of the previous one). */
+  mark(keep = true) {
+    const now = cpuNs(this.pid);
+    if (this.last !== null && this.keep) this.samples.push((now - this.last) / 1e6);
+    this.last = now;
+    this.keep = keep;
+  }
+}
+
+// ------------------------------------------------------------------ perf ----
+
+/**
+ * BENCH_PERF=<file>: samples the callfence workerd process with `perf
+ * record` (software cpu-clock, so it works in a VM without hardware
+ * counters) over the sequential phase. Returns a stop function that
+ * resolves to the samples grouped by where they ran.
+ */
+function startPerf(pid, file) {
+  const child = spawn("perf", ["record", "-e", "cpu-clock", "-F", "4000", "-p", String(pid), "-o", file], { stdio: "ignore" });
+  return async () => {
+    child.kill("SIGINT");
+    await new Promise((resolve) => child.on("exit", resolve));
+    const report = execFileSync("perf", ["report", "-i", file, "--stdio", "--sort", "dso,sym", "--percent-limit", "0"], {
+      encoding: "utf8",
+      maxBuffer: 1 << 28,
+      stdio: ["ignore", "pipe", "ignore"],
+    });
+    return perfGroups(report);
+  };
+}
+
+/** perf report lines -> percent per kind of code, and the top symbols. */
+function perfGroups(report) {
+  const groups = new Map();
+  const top = [];
+  for (const line of report.split("\n")) {
+    const m = line.match(/^\s+([\d.]+)%\s+(\[JIT\] tid \d+|\S+)\s+\[(.)\]\s+(.*)$/);
+    if (!m) continue;
+    const [, pct, dso, kind, sym] = m;
+    const p = Number(pct);
+    let group;
+    if (kind === "k") group = "kernel (syscalls: sockets, files, scheduling)";
+    else if (/^(sqlite3|pcache|btree|vdbe|wal|pager|unixSync|unixWrite|unixRead)/i.test(sym)) group = "SQLite";
+    else if (/tcmalloc|^TCMalloc|^operator (new|delete)/.test(sym)) group = "malloc (tcmalloc)";
+    else if (dso.startsWith("[JIT]") || dso === "[unknown]" || /^perf-\d+\.map$/.test(dso)) group = "JIT code (JavaScript and wasm)";
+    else if (/^Builtins_/.test(sym)) group = "V8 builtins (JS/wasm runtime stubs, JSON, strings)";
+    else if (/v8::internal::(Heap|Scavenger|MarkCompact|Mark|Sweeper|Concurrent|Minor|GC)|cppgc/.test(sym)) group = "V8 garbage collection";
+    else if (/v8::internal::(compiler|wasm::|maglev|baseline|Turbo|Liftoff)/.test(sym) || /Compile/.test(sym)) group = "V8 compilers";
+    else if (/v8::|Runtime_|v8_inspector/.test(sym)) group = "V8 runtime (other)";
+    else if (/^(kj|capnp)::/.test(sym)) group = "kj/capnp (I/O, RPC)";
+    else if (/^workerd::/.test(sym)) group = "workerd (bindings, HTTP, actors)";
+    else if (dso.startsWith("libc") || dso.startsWith("ld-")) group = "libc (memcpy, memset, locks)";
+    else group = "other native";
+    groups.set(group, (groups.get(group) ?? 0) + p);
+    top.push({ p, where: `${dso} ${sym}`.slice(0, 120) });
+  }
+  top.sort((a, b) => b.p - a.p);
+  return { groups: [...groups.entries()].sort((a, b) => b[1] - a[1]), top: top.slice(0, 15) };
 }
 
 // -------------------------------------------------------------- profile ----
@@ -300,6 +413,189 @@ function checkPassthrough(status, text) {
   if (status !== 200 || text !== '{"ok":true}') failures.push(`pass-through: ${status} ${text.slice(0, 200)}`);
 }
 
+// ---------------------------------------------------------- worker only ----
+
+// A stand-in Dispatcher that does nothing: it reads the message's head and
+// answers "delivered" at once (no storage, no forward).
+const STAND_IN = `
+export class Dispatcher {
+  async fetch(request) {
+    const bytes = new Uint8Array(await request.arrayBuffer());
+    const nl = bytes.indexOf(10);
+    const head = JSON.parse(new TextDecoder().decode(nl < 0 ? bytes : bytes.subarray(0, nl)));
+    const event_id = head.envelope ? head.envelope.event_id : "";
+    return new Response(JSON.stringify({ v: 2, ok: true, answer: { delivered_to: "${NODE}", epoch: 1, event_id } }));
+  }
+}
+export default { fetch() { return new Response("stand-in"); } };
+`;
+
+// A JavaScript Worker that makes the same hop with none of the Worker's own
+// work: it reads the body, sends the stand-in a message of the same shape
+// (head line with the envelope fields, then the raw body) and relays its
+// answer. Its CPU per webhook is the floor under the real Worker's in front
+// of the same stand-in: the difference is the real Worker's own code.
+const HOP_ONLY = `
+const CARRIED = ["content-type", "telnyx-signature-ed25519", "telnyx-timestamp"];
+export default {
+  async fetch(request, env) {
+    const received_at_ms = Date.now();
+    const body = await request.text();
+    const data = JSON.parse(body).data;
+    const p = data.payload;
+    const headers = CARRIED.map((n) => [n, request.headers.get(n)]).filter(([, v]) => v !== null);
+    const envelope = { event_id: data.id, event_type: data.event_type, call_session_id: p.call_session_id, creator_call_session_id: null,
+      call_control_id: p.call_control_id, from: p.from, to: p.to, direction: p.direction, connection_id: p.connection_id };
+    const head = JSON.stringify({ v: 2, op: "webhook", envelope, headers, received_at_ms });
+    const stub = env.DISPATCHER.get(env.DISPATCHER.idFromName("global"));
+    const answer = await stub.fetch("https://dispatcher/webhook", { method: "POST", body: head + "\\n" + body });
+    const reply = await answer.json();
+    return new Response(JSON.stringify(reply.answer), { status: 200, headers: { "content-type": "application/json" } });
+  },
+};
+`;
+
+/**
+ * The Worker's own CPU per webhook: the real Worker in front of the
+ * stand-in Dispatcher against the hop-only JavaScript Worker in front of
+ * the same stand-in, each in its own workerd, interleaved ABBA, CPU per
+ * request from schedstat. Returns both sample lists (ms).
+ */
+async function workerOnly(keys, compatibilityDate) {
+  const { result: worker, pid: workerPid } = await newWorkerd(() =>
+    startEdge({ keys, bindings: { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS) }, dispatcherScript: STAND_IN }),
+  );
+  let hop;
+  const { result: hopUrl, pid: hopPid } = await newWorkerd(() => {
+    hop = new Miniflare({
+      host: "127.0.0.1",
+      port: 0,
+      cf: false,
+      workers: [
+        {
+          name: "hop-only",
+          modules: true,
+          script: HOP_ONLY,
+          compatibilityDate,
+          durableObjects: { DISPATCHER: { className: "Dispatcher", scriptName: "stand-in" } },
+        },
+        { name: "stand-in", modules: true, script: STAND_IN, compatibilityDate },
+      ],
+    });
+    return hop.ready;
+  });
+  try {
+    const real = new CpuPerRequest(workerPid);
+    const floor = new CpuPerRequest(hopPid);
+    const check = (who) => (status, text, call) => {
+      let body = null;
+      try {
+        body = JSON.parse(text);
+      } catch {
+        // reported below
+      }
+      if (status !== 200 || body?.event_id !== call.id) failures.push(`${who}: ${status} ${text.slice(0, 200)}`);
+    };
+    for (let i = 0; i < WARMUP + CALLS; i += 1) {
+      const measured = i >= WARMUP;
+      const a = newCall(keys, "wo", i);
+      const b = newCall(keys, "hop", i);
+      const runReal = () => {
+        real.mark(measured);
+        return timed(worker.url, a, check("worker only"));
+      };
+      const runFloor = () => {
+        floor.mark(measured);
+        return timed(hopUrl, b, check("hop only"));
+      };
+      if (i % 2 === 0) {
+        await runReal();
+        await runFloor();
+      } else {
+        await runFloor();
+        await runReal();
+      }
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    real.mark(false);
+    floor.mark(false);
+    return { real: real.samples, floor: floor.samples };
+  } finally {
+    await hop.dispose();
+    await worker.dispose();
+  }
+}
+
+// A driver Worker beside the real one, bound to the same Dispatcher: it
+// sends the Dispatcher `n` protocol messages with `c` in flight from inside
+// workerd (a Durable Object stub from Node costs more than the Dispatcher's
+// own work) and answers how many were not `ok`.
+const DRIVER = `
+export default {
+  async fetch(request, env) {
+    const { op, n, c, prefix, node, origin_url, body } = await request.json();
+    const stub = env.DISPATCHER.get(env.DISPATCHER.idFromName("global"));
+    const message = (i) => {
+      const id = prefix + "-" + i;
+      if (op === "writes_only") return JSON.stringify({ v: 2, op, id, node, origin_url }) + "\\n" + body;
+      if (op === "webhook") {
+        const text = body.replaceAll("SESSION", id);
+        const envelope = { event_id: id, event_type: "call.initiated", call_session_id: id, creator_call_session_id: null,
+          call_control_id: "v3:" + id, from: "+14155550100", to: "+14155550199", direction: "incoming", connection_id: "bench" };
+        return JSON.stringify({ v: 2, op, envelope, headers: [["content-type", "application/json"]], received_at_ms: Date.now() }) + "\\n" + text;
+      }
+      return JSON.stringify({ v: 2, op }) + "\\n";
+    };
+    let next = 0;
+    let shed = 0;
+    const bad = [];
+    await Promise.all(Array.from({ length: c }, async () => {
+      while (next < n) {
+        const i = next;
+        next += 1;
+        const res = await stub.fetch("https://dispatcher/" + op, { method: "POST", body: message(i) });
+        const text = await res.text();
+        if (text.includes('"error":"overloaded"')) shed += 1;
+        else if (res.status !== 200 || !text.includes('"ok":true')) bad.push(res.status + " " + text.slice(0, 160));
+      }
+    }));
+    return Response.json({ failed: bad.length, first: bad[0] ?? null, shed });
+  },
+};
+`;
+
+/**
+ * The Dispatcher on its own, THROUGHPUT_CALLS messages each with
+ * CONCURRENCY in flight from the driver Worker: full assignments (the
+ * `webhook` message: decision, forward to the origin, report), the same
+ * assignments' writes only (the bench-only `writes_only` message,
+ * core/src/engine/writes_only.rs), and `ping` (the request hop alone).
+ * Returns each rate per second (null for writes_only on a build without it).
+ */
+async function dispatcherOnly(edge, origin) {
+  const driver = await edge.worker("driver");
+  const body = newCall(edge.keys, "x", 0).body.replace(/bench-[^"]*-x-0/g, "SESSION");
+  const rate = async (op) => {
+    const started = performance.now();
+    const res = await driver.fetch("http://driver/", {
+      method: "POST",
+      body: JSON.stringify({ op, n: THROUGHPUT_CALLS, c: CONCURRENCY, prefix: `bench-${RUN}-${op}`, node: NODE, origin_url: origin.url, body }),
+    });
+    const seconds = (performance.now() - started) / 1000;
+    const result = await res.json();
+    // A build that predates writes_only answers unknown_op: no figure.
+    if (op === "writes_only" && result.failed > 0 && String(result.first).includes("unknown_op")) return null;
+    if (result.failed > 0) failures.push(`driver ${op}: ${result.failed} not ok, first: ${result.first}`);
+    shedByDriver[op] = result.shed;
+    return (THROUGHPUT_CALLS - result.shed) / seconds;
+  };
+  const shedByDriver = {};
+  const webhook = await rate("webhook");
+  const writes = await rate("writes_only");
+  const ping = await rate("ping");
+  return { webhook, writes, ping, shed: shedByDriver.webhook };
+}
+
 // ------------------------------------------------------------ conditions ----
 
 function conditions() {
@@ -345,8 +641,15 @@ async function main() {
   const origin = await startPlainOrigin();
   const keys = testKeys();
   const node = ed25519();
+  const shmDir = STORAGE === "shm" ? mkdtempSync("/dev/shm/callfence-bench-") : undefined;
   const { result: edge, pid: edgePid } = await newWorkerd(() =>
-    startEdge({ keys, bindings: { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS) } }),
+    startEdge({
+      keys,
+      // CALLFENCE_TEST_WRITES_ONLY: the bench-only writes_only message (test-only, never in a deployment).
+      bindings: { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS), CALLFENCE_TEST_WRITES_ONLY: "1" },
+      driverScript: DRIVER,
+      dir: shmDir,
+    }),
   );
   let passthrough;
   const { result: passthroughUrl, pid: passthroughPid } = await newWorkerd(() => {
@@ -370,18 +673,29 @@ async function main() {
     const cf = [];
     const pt = [];
     const total = WARMUP + CALLS;
+    const cfCpu = new CpuPerRequest(edgePid);
+    const ptCpu = new CpuPerRequest(passthroughPid);
     const started1 = performance.now();
     let cpu0 = null;
+    let stopPerf = null;
     let profile0 = null;
     for (let i = 0; i < total; i += 1) {
       if (i === WARMUP) {
         profile0 = await dispatcherProfile(edge);
         cpu0 = { edge: cpuMs(edgePid), passthrough: cpuMs(passthroughPid) };
+        if (process.env.BENCH_PERF) stopPerf = startPerf(edgePid, process.env.BENCH_PERF);
       }
       const a = newCall(keys, "seq", i);
       const b = newCall(keys, "pt", i);
-      const runCf = () => timed(edge.url, a, checkCallfence);
-      const runPt = () => timed(passthroughUrl, b, checkPassthrough);
+      const measured = i >= WARMUP;
+      const runCf = () => {
+        cfCpu.mark(measured);
+        return timed(edge.url, a, checkCallfence);
+      };
+      const runPt = () => {
+        ptCpu.mark(measured);
+        return timed(passthroughUrl, b, checkPassthrough);
+      };
       let tCf;
       let tPt;
       if (i % 2 === 0) {
@@ -398,6 +712,10 @@ async function main() {
       }
     }
     const latencySeconds = (performance.now() - started1) / 1000;
+    const perf = stopPerf ? await stopPerf() : null;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    cfCpu.mark(false);
+    ptCpu.mark(false);
     const cpu = {
       callfence: (cpuMs(edgePid) - cpu0.edge) / CALLS,
       passthrough: (cpuMs(passthroughPid) - cpu0.passthrough) / CALLS,
@@ -459,6 +777,11 @@ async function main() {
       throw new Error(`${overload.other.length} overload answers were neither deliveries nor sheds, first: ${overload.other[0]}`);
     }
 
+    // The same Dispatcher doing only its writes, and doing nothing.
+    const alone = await dispatcherOnly(edge, origin);
+    // The Worker's own CPU, against a stand-in Dispatcher (two more workerd).
+    const only = await workerOnly(keys, before.compatibilityDate);
+
     // 3. The Worker's own time, from its log lines.
     const expected = CALLS + THROUGHPUT_CALLS;
     // (The overload phase's lines are not read: its sheds never forward.)
@@ -506,6 +829,11 @@ async function main() {
     const wt = waits.latency.length ? summary(waits.latency) : null;
     const b = before.build;
     const rate = THROUGHPUT_CALLS / throughputSeconds;
+    const cfC = summary(cfCpu.samples);
+    const ptC = summary(ptCpu.samples);
+    const woReal = summary(only.real);
+    const woFloor = summary(only.floor);
+    const workerOwnMedian = woReal.p50 - woFloor.p50;
     // Rate over the first and the last quarter of completions: a falling
     // rate means the Dispatcher's cost grows with the calls it holds open.
     const quarter = Math.floor(finished.length / 4);
@@ -517,7 +845,7 @@ async function main() {
       `machine: ${before.machine}; load average (1/5/15 min) ${before.load} before, ${after} after`,
       `runtime: local workerd ${before.workerd} via Miniflare ${before.miniflare} (Node API), node ${before.node}, compatibility_date ${before.compatibilityDate}; ${before.rustc} (core bench)`,
       `build: build/index_bg.wasm ${b.wasmRaw} bytes raw, ${b.wasmGzip} gzipped (-9); build/index.js ${b.jsRaw} bytes; built ${b.builtAt}; commit ${before.commit}`,
-      `config: FORWARD_TIMEOUT_MS=${FORWARD_TIMEOUT_MS}, one stable node, one Dispatcher, loopback origin answering 200 without verifying; client: Node fetch on loopback`,
+      `config: FORWARD_TIMEOUT_MS=${FORWARD_TIMEOUT_MS}, one stable node, one Dispatcher (SQLite files ${STORAGE === "shm" ? "on tmpfs, /dev/shm: fsync is free" : "on disk (ext4): every commit fsyncs"}), loopback origin answering 200 without verifying; client: Node fetch on loopback`,
     ];
     const figureLines = [
       `latency, sequential, ${CALLS} distinct new calls each after ${WARMUP} warm-up, interleaved ABBA (${latencySeconds.toFixed(1)} s):`,
@@ -532,6 +860,10 @@ async function main() {
         : `Worker's own time per webhook: no log line carried wait_ms (${missingWait} without): the build predates it, run make build`,
       `  includes: route, config, body read, Telnyx Ed25519 verify, envelope parse, JSON to/from the Dispatcher, assertion minting (Ed25519 sign), building the forward and the answer; excludes: the Dispatcher's own work and storage, the origin, the HTTP hop from the client. 1 ms clock resolution per reading.`,
       `CPU per webhook, whole workerd process (utime+stime from /proc, ${CALLS} sequential webhooks, ${CLOCK_TICKS} ticks/s): callfence ${ms(cpu.callfence)}, pass-through ${ms(cpu.passthrough)} (ratio ${(cpu.callfence / cpu.passthrough).toFixed(2)}x)`,
+      `  per webhook from schedstat (ns, every thread, request start to next request start): callfence median ${ms(cfC.p50, 3)} (mean ${ms(cfC.mean, 3)}, p90 ${ms(cfC.p90, 3)}), pass-through median ${ms(ptC.p50, 3)} (mean ${ms(ptC.mean, 3)}, p90 ${ms(ptC.p90, 3)})`,
+      `Worker's own CPU per webhook (schedstat, ${woReal.n} webhooks each, interleaved ABBA): the Worker in front of a stand-in Dispatcher that answers at once median ${ms(woReal.p50, 3)} (mean ${ms(woReal.mean, 3)}) - a JavaScript Worker making the same hop to the same stand-in median ${ms(woFloor.p50, 3)} (mean ${ms(woFloor.mean, 3)}) = median ${ms(workerOwnMedian, 3)} (mean ${ms(woReal.mean - woFloor.mean, 3)})`,
+      `Dispatcher alone (${THROUGHPUT_CALLS} messages each, ${CONCURRENCY} in flight, from a driver Worker in the same workerd): full assignments (webhook message: decision, forward, report) ${alone.webhook.toFixed(0)}/s (${alone.shed} shed as overloaded, not counted); the same assignments' writes only (writes_only: the same 9 writes in the same 2 commits; no reads, no decision, no forward, no alarm) ${alone.writes === null ? "(not in this build)" : `${alone.writes.toFixed(0)}/s`}; ping (the request hop alone) ${alone.ping.toFixed(0)}/s`,
+      `  ratio to the writes-only rate: assignments through the Worker ${alone.writes === null ? "?" : (rate / alone.writes).toFixed(2)}x, assignments sent to the Dispatcher directly ${alone.writes === null ? "?" : (alone.webhook / alone.writes).toFixed(2)}x`,
       `Dispatcher time per webhook (its profile, sequential phase; ms sums of Date.now, so means over ${profile.webhook.count} requests):`,
       ...["webhook", "report"]
         .filter((op) => profile[op].count > 0)
@@ -542,6 +874,12 @@ async function main() {
       `overload: ${OVERLOAD_CALLS} new calls, ${OVERLOAD_CONCURRENCY} in flight (${overloadSeconds.toFixed(2)} s): ${overload.taken.length} taken (p50 ${ms(summary(overload.taken).p50)}, p99 ${ms(summary(overload.taken).p99)}), ${overload.shed.length} shed with 503 overloaded${overload.shed.length ? ` (p50 ${ms(summary(overload.shed).p50)}, p99 ${ms(summary(overload.shed).p99)})` : ""}`,
       `size: build/index_bg.wasm ${b.wasmRaw} bytes raw (${(b.wasmRaw / 1024).toFixed(0)} KiB), ${b.wasmGzip} bytes gzipped (${(b.wasmGzip / 1024).toFixed(0)} KiB)`,
     ];
+    if (perf) {
+      figureLines.push(`perf (BENCH_PERF: perf record -e cpu-clock of the callfence workerd over the sequential phase), share of its CPU:`);
+      for (const [group, p] of perf.groups) figureLines.push(`  ${p.toFixed(1).padStart(5)}%  ${group}`);
+      figureLines.push("  top symbols:");
+      for (const { p, where } of perf.top) figureLines.push(`  ${p.toFixed(2).padStart(6)}%  ${where}`);
+    }
     console.log("\n== bench: Worker end to end (local workerd)");
     for (const line of [...conditionLines, "", ...figureLines]) console.log(line);
     if (lines.length < expected) console.log(`note: ${lines.length} of ${expected} log lines were captured`);
@@ -556,6 +894,7 @@ async function main() {
       console.log(
         JSON.stringify({
           commit: before.commit,
+          storage: STORAGE,
           load_before: before.load,
           load_after: after,
           p50_ms: c.p50,
@@ -569,6 +908,18 @@ async function main() {
           worker_ms_mean: o ? o.mean : null,
           cpu_ms_per_webhook: cpu.callfence,
           passthrough_cpu_ms_per_webhook: cpu.passthrough,
+          cpu_ms_per_webhook_median: cfC.p50,
+          cpu_ms_per_webhook_mean_schedstat: cfC.mean,
+          passthrough_cpu_ms_per_webhook_median: ptC.p50,
+          worker_cpu_ms_median: workerOwnMedian,
+          worker_cpu_ms_mean: woReal.mean - woFloor.mean,
+          worker_only_cpu_ms_median: woReal.p50,
+          hop_only_cpu_ms_median: woFloor.p50,
+          dispatcher_assignments_per_s: alone.webhook,
+          dispatcher_assignments_to_writes_only_ratio: alone.writes === null ? null : alone.webhook / alone.writes,
+          writes_only_per_s: alone.writes,
+          ping_per_s: alone.ping,
+          assignments_to_writes_only_ratio: alone.writes === null ? null : rate / alone.writes,
           dispatcher: profile,
           overload: {
             calls: OVERLOAD_CALLS,
@@ -587,6 +938,7 @@ async function main() {
     stopBeating();
     await passthrough.dispose();
     await edge.dispose();
+    if (shmDir) rmSync(shmDir, { recursive: true, force: true });
     await origin.close();
   }
 }

@@ -196,6 +196,9 @@ pub struct TestSwitches {
     /// `CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES`: every atomic unit of the
     /// Dispatcher fails at its (N+1)-th write (N may be 0).
     pub fail_unit_after_writes: Option<u32>,
+    /// `CALLFENCE_TEST_WRITES_ONLY=1`: the Dispatcher serves the bench-only
+    /// `writes_only` message (an assignment's SQL writes alone).
+    pub writes_only: bool,
 }
 
 thread_local! {
@@ -311,6 +314,7 @@ impl Config {
             sweep_ms: positive("CALLFENCE_TEST_SWEEP_MS"),
             fail_unit_after_writes: var("CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES")
                 .and_then(|v| v.trim().parse::<u32>().ok()),
+            writes_only: var("CALLFENCE_TEST_WRITES_ONLY").is_some_and(|v| v.trim() == "1"),
         };
 
         Config {

@@ -60,6 +60,7 @@
 //! | `Status`, `Decisions` (`limit`?, `call_session_id`?), `Call` (`id`) | none | the §13 views, relayed |
 //! | `Probe` (`node`, `kid`) | none | [`ProbeTarget`], or 429 `rate_limited` |
 //! | `Profile` | none | the Dispatcher's time per operation (`dispatcher::profile`; `make bench` only) |
+//! | `WritesOnly` (`id`, `node`, `origin_url`) | an event body | `{"written":true}`; `make bench` only, under `CALLFENCE_TEST_WRITES_ONLY` |
 //!
 //! Refusals carry the HTTP status and the contract's error code; the
 //! mapping from engine outcomes to them is one exhaustive `match`,
@@ -197,6 +198,19 @@ pub enum Request {
         /// `Callfence-Key-Id`.
         kid: String,
     },
+    /// `make bench` only: the SQL writes of one assignment and its delivery
+    /// and nothing else (`Engine::writes_only_assign`, then
+    /// `Engine::writes_only_deliver` in a second commit); the payload is the event's
+    /// body. Served only under the test-only switch
+    /// `CALLFENCE_TEST_WRITES_ONLY`, otherwise `unknown_op`.
+    WritesOnly {
+        /// The new call's session, leg and event id.
+        id: String,
+        /// The node it is assigned to.
+        node: String,
+        /// That node's origin.
+        origin_url: String,
+    },
 }
 
 impl Request {
@@ -219,6 +233,7 @@ impl Request {
             Request::Call { .. } => "call",
             Request::Profile => "profile",
             Request::Probe { .. } => "probe",
+            Request::WritesOnly { .. } => "writes_only",
         }
     }
 
@@ -240,7 +255,8 @@ impl Request {
             | Request::Status
             | Request::Decisions { .. }
             | Request::Call { .. }
-            | Request::Profile => None,
+            | Request::Profile
+            | Request::WritesOnly { .. } => None,
         }
     }
 
@@ -263,7 +279,8 @@ impl Request {
             | Request::Status
             | Request::Decisions { .. }
             | Request::Call { .. }
-            | Request::Profile => false,
+            | Request::Profile
+            | Request::WritesOnly { .. } => false,
         }
     }
 }

@@ -65,6 +65,15 @@ impl DurableObject for Dispatcher {
         };
         let decoded = now_ms();
         let config = Config::get(&self.env);
+        if matches!(message.request, protocol::Request::WritesOnly { .. })
+            && !config.test.writes_only
+        {
+            // A bench-only message: unknown unless the test switch is set.
+            return answer(
+                400,
+                protocol::encode_rejected(protocol::MessageError::UnknownOp),
+            );
+        }
         let media = config.node_routes.as_ref().ok().map(|n| &n.media);
         let served = {
             let profile = self.profile.borrow();
@@ -90,6 +99,18 @@ impl DurableObject for Dispatcher {
                 )
                 .await
                 .map_err(rust_error)?
+            }
+            Served::WritesOnlyDeliver { id, node } => {
+                // Yield to the event loop, as a forward does, so the first
+                // unit commits on its own before the second.
+                worker::Delay::from(std::time::Duration::ZERO).await;
+                self.engine
+                    .writes_only_deliver(&id, &node, now_ms())
+                    .map_err(rust_error)?;
+                (
+                    protocol::encode_done(&serde_json::json!({"written": true})),
+                    0,
+                )
             }
         };
         let served = now_ms();

@@ -38,6 +38,14 @@ pub enum Served {
         /// When the Worker received the webhook, by its clock.
         received_at_ms: i64,
     },
+    /// A bench-only `writes_only` whose first unit is written: the Durable
+    /// Object yields (so that it commits on its own) and writes the second.
+    WritesOnlyDeliver {
+        /// The call.
+        id: String,
+        /// Its node.
+        node: String,
+    },
 }
 
 /// The way forward after a report: the carrier's answer, a new owner to
@@ -205,6 +213,18 @@ pub fn serve<S: Store>(
             }
             ProbeAdmission::UnknownNode => Err(Refusal::UnknownNodeKey),
         },
+        Request::WritesOnly {
+            id,
+            node,
+            origin_url,
+        } => {
+            let body = String::from_utf8_lossy(payload);
+            engine.writes_only_assign(id, node, origin_url, &body, now_ms)?;
+            return Ok(Served::WritesOnlyDeliver {
+                id: id.clone(),
+                node: node.clone(),
+            });
+        }
     };
     Ok(Served::Reply(
         outcome.unwrap_or_else(|refusal| refusal.encode()),
@@ -288,7 +308,9 @@ mod tests {
     fn answer_of(served: Served) -> String {
         match served {
             Served::Reply(body) => body,
-            Served::Deliver { .. } => panic!("a forward, not a reply"),
+            Served::Deliver { .. } | Served::WritesOnlyDeliver { .. } => {
+                panic!("a forward, not a reply")
+            }
         }
     }
 

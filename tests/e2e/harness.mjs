@@ -139,9 +139,12 @@ function edgeWorker(bindings, dispatcher, build = join(ROOT, "build")) {
  * options.dispatcherScript: source of a module Worker exporting a stand-in
  *   `Dispatcher` class (a faulty one, or a fake speaking the protocol);
  *   DISPATCHER is then bound to it instead of the real one.
+ * options.driverScript: source of a module Worker (named "driver") bound to
+ *   the same DISPATCHER, reached with `worker("driver")`: `make bench` drives
+ *   the Durable Object from inside workerd with it.
  *
- * Returns { url, keys, dir, fetch(path, init), dispatcher(), logs, restart(),
- * dispose() }; `dispatcher()` is a stub of the "global" Dispatcher instance,
+ * Returns { url, keys, dir, fetch(path, init), dispatcher(), worker(name), logs,
+ * restart(), dispose() }; `dispatcher()` is a stub of the "global" Dispatcher instance,
  * straight from Node.
  * `logs` collects every line the runtime logged; `restart()` disposes and
  * starts again on the same storage directory (`restart({ build })`: with
@@ -167,6 +170,15 @@ export async function startEdge(options = {}) {
           },
         ]
       : [edgeWorker(bindings, { className: "Dispatcher", useSQLite: true }, build)];
+    if (options.driverScript) {
+      workers.push({
+        name: "driver",
+        modules: true,
+        script: options.driverScript,
+        compatibilityDate: COMPATIBILITY_DATE,
+        durableObjects: { DISPATCHER: { className: "Dispatcher", scriptName: "callfence", useSQLite: true } },
+      });
+    }
     return new Miniflare({
       host: "127.0.0.1",
       port: options.port ?? 0,
@@ -196,6 +208,10 @@ export async function startEdge(options = {}) {
     async dispatcher() {
       const namespace = await mf.getDurableObjectNamespace("DISPATCHER", "callfence");
       return namespace.get(namespace.idFromName("global"));
+    },
+    /** A Fetcher for the worker `name` (see options.driverScript). */
+    worker(name) {
+      return mf.getWorker(name);
     },
     async restart(next = {}) {
       await mf.dispose();

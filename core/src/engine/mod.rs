@@ -38,7 +38,9 @@
 //! - `ingress`, `reports`, `fencing`, `alarm`, `nodes`, `documents`: the
 //!   `handle_*` methods, `poll_alarm`, heartbeats and documents;
 //! - `routing`: resolution, selection and the decision record;
-//! - `requests`, `views`: request bodies and the read-only views.
+//! - `requests`, `views`: request bodies and the read-only views;
+//! - `writes_only`: `make bench`'s baseline, an assignment's writes alone
+//!   (served only under a test-only switch).
 
 mod alarm;
 mod documents;
@@ -53,6 +55,7 @@ mod requests;
 mod routing;
 pub(crate) mod rows;
 mod views;
+mod writes_only;
 
 pub use alarm::AlarmWork;
 pub use documents::DocError;
