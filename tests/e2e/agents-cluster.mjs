@@ -226,9 +226,12 @@ async function stop(proc, signal = "SIGKILL") {
  * `originFront(id, url)` returning the URL the edge should use for a node's
  * origin (a fault proxy in front of `url`; the agent still listens on `url`),
  * `edgeFront(url)` returning the edge URL the agents should use (a recorder
- * in front of the edge).
+ * in front of the edge), `validForS` (each beat's validity, 3 s by default so
+ * that staleness shows quickly; a suite that never tests staleness takes a
+ * longer one, so a beat delayed by a loaded machine cannot make a node stale
+ * between two of its steps).
  */
-export async function startCluster({ nodes, policy, deploy = [], edge: edgeOptions = {}, originFront, edgeFront }) {
+export async function startCluster({ nodes, policy, deploy = [], edge: edgeOptions = {}, originFront, edgeFront, validForS = 3 }) {
   const binDir = agentBins();
   // Not under /tmp: the agent refuses a temporary state directory.
   const work = mkdtempSync(join(durableScratchRoot(), "e2e-agents-"));
@@ -405,7 +408,7 @@ ${node.probeUrl ? `probe_url = "${node.probeUrl}"` : ""}
 
 [timing]
 heartbeat_interval_ms = 500
-valid_for_s = 3
+valid_for_s = ${validForS}
 probe_timeout_ms = 300
 edge_timeout_ms = 1000
 app_timeout_ms = 8000
