@@ -2,7 +2,7 @@
 // deliveries, Telnyx's retry after 2 s of anything but a settled answer, and
 // a hangup after a short hold. Every webhook sent is recorded with its answer.
 
-import { telnyxHeaders } from "../e2e/harness.mjs";
+import { readPages, telnyxHeaders } from "../e2e/harness.mjs";
 import { event, LINE, PLAIN_CALLER, sleep } from "../e2e/agents-cluster.mjs";
 
 /** A seeded PRNG (mulberry32): returns () => [0, 1). */
@@ -33,7 +33,6 @@ export async function runLoad(stack, opts) {
   const acks = [];
   const ccids = {};
   const sessions = [];
-  const wire = [];
   const { cluster } = stack;
   const tag = opts.tag ?? "drill";
 
@@ -41,7 +40,6 @@ export async function runLoad(stack, opts) {
     for (let attempt = 1; ; attempt += 1) {
       const at = Date.now();
       const headers = telnyxHeaders(body, cluster.keys.telnyx.privateKeyObject);
-      wire.push({ at, body, headers: { "telnyx-timestamp": headers["telnyx-timestamp"], "telnyx-signature-ed25519": headers["telnyx-signature-ed25519"] } });
       let status = 0;
       let answer = null;
       try {
@@ -87,22 +85,23 @@ export async function runLoad(stack, opts) {
     running.add(p);
   }
   await Promise.all(running);
-  return { acks, ccids, sessions, wire };
+  return { acks, ccids, sessions };
 }
 
-/** Reads the edge's views of `sessions` (call view and, unless `withDecisions` is false, decisions), `parallel` at a time. */
-export async function collect(stack, sessions, { parallel = 6, withDecisions = true } = {}) {
+/**
+ * Reads the edge's views of `sessions` through the paged admin reads: every
+ * call (`GET /v1/calls`, the `GET /v1/calls/{id}` shape) and, unless
+ * `withDecisions` is false, every decision (`GET /v1/decisions?after=`).
+ */
+export async function collect(stack, sessions, { withDecisions = true } = {}) {
+  const want = new Set(sessions);
+  const { edge, keys } = stack.cluster;
   const calls = {};
-  const decisions = [];
-  const queue = [...sessions];
-  async function worker() {
-    while (queue.length) {
-      const s = queue.shift();
-      const view = await stack.cluster.call(s);
-      if (view.status === 200) calls[s] = view.body;
-      if (withDecisions) decisions.push(...(await stack.cluster.decisions(s)));
-    }
+  for (const call of await readPages(edge, keys.adminToken, "/v1/calls", "calls")) {
+    if (want.has(call.call_session_id)) calls[call.call_session_id] = call;
   }
-  await Promise.all(Array.from({ length: parallel }, worker));
+  const decisions = withDecisions
+    ? (await readPages(edge, keys.adminToken, "/v1/decisions", "decisions", { after: 0, limit: 500 })).filter((d) => want.has(d.call_session_id))
+    : [];
   return { calls, decisions };
 }
