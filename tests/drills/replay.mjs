@@ -9,7 +9,7 @@
 // `t_ms` counted from started_at by the Dispatcher's own clock:
 //   {"t_ms":N,"kind":"webhook","body":"<the raw webhook body>"}
 //   {"t_ms":N,"kind":"heartbeat","node":"M1","body":"<the raw accepted beat>"}
-//   {"t_ms":N,"kind":"delivery","node":"M2","event_id":"<id>"}
+//   {"t_ms":N,"kind":"delivery","node":"M2","event_id":"<id>","attempt":K}
 //   {"t_ms":N,"kind":"refusal","node":"M1","event_id":"<id>"}
 // Webhooks come from the edge's export (GET /v1/events) and decisions (see
 // replayFile); beats from a capture in front of the edge (the Dispatcher
@@ -17,8 +17,9 @@
 // origin took that event, a refusal line when it definitely did not (the
 // original decisions show the call reassigned away from it): the player's
 // origins hold each such forward until the player reaches its line, then
-// answer 200 or 503 `{"callfence":"not_admitted"}`, and accept any other
-// at once. The player sends the lines in order, each no sooner than its
+// answer 200 or 503 `{"callfence":"not_admitted"}`; a delivered event's
+// forwards before its `attempt` (timeouts in the original, re-driven) get
+// no answer; any other forward is accepted at once. The player sends the lines in order, each no sooner than its
 // t_ms times the scale, and goes on only once the edge has taken the line
 // (see player): the order is what decides. Signatures are not kept:
 // the player signs webhooks with the target edge's Telnyx key and beats
@@ -33,7 +34,8 @@ import { sleep } from "../e2e/agents-cluster.mjs";
  * Reads what a replay file is made from off an edge, through its admin
  * export: every webhook it received (`GET /v1/events`: the raw body of each
  * event's first delivery and when the Dispatcher took it) and every
- * decision (`GET /v1/decisions?after=0`), and the documents in force.
+ * decision (`GET /v1/decisions?after=0`), every call (`GET /v1/calls`:
+ * how many attempts each event took), and the documents in force.
  */
 export async function exportEdge(edge, adminToken) {
   const get = async (path) => {
@@ -42,6 +44,7 @@ export async function exportEdge(edge, adminToken) {
   };
   return {
     events: await readPages(edge, adminToken, "/v1/events", "events"),
+    calls: await readPages(edge, adminToken, "/v1/calls", "calls"),
     decisions: await readPages(edge, adminToken, "/v1/decisions", "decisions", { after: 0, limit: 500 }),
     policy: await get("/v1/policy"),
     nodes: await get("/v1/nodes"),
@@ -58,9 +61,10 @@ export async function exportEdge(edge, adminToken) {
  * re-delivery is a duplicate that changes nothing); a beat at the
  * `edge_time` of its answer; a refusal at the reassignment that followed
  * it; a delivery when the event's delivery was recorded (`updated_at` of a
- * delivered event).
+ * delivered event), with the attempt that delivered it.
  */
-export function replayFile({ policy, nodes, beats, events, decisions, since }) {
+export function replayFile({ policy, nodes, beats, events, decisions, calls = [], since }) {
+  const attempts = new Map(calls.flatMap((c) => (c.events ?? []).map((e) => [e.event_id, e.attempts])));
   const body = new Map(events.map((e) => [e.event_id, e.body]));
   const items = events.map((e) => ({ at: Date.parse(e.received_at), line: { kind: "webhook", body: e.body } }));
   const first = new Map(items.map((i, n) => [events[n].event_id, i.at]));
@@ -76,7 +80,9 @@ export function replayFile({ policy, nodes, beats, events, decisions, since }) {
     if (d.chosen) owner.set(d.call_session_id, d.chosen);
   }
   for (const e of events) {
-    if (e.state === "delivered" && e.node) items.push({ at: Date.parse(e.updated_at), line: { kind: "delivery", node: e.node, event_id: e.event_id } });
+    if (e.state === "delivered" && e.node) {
+      items.push({ at: Date.parse(e.updated_at), line: { kind: "delivery", node: e.node, event_id: e.event_id, attempt: attempts.get(e.event_id) ?? 1 } });
+    }
   }
   for (const b of beats) items.push({ at: b.at, line: { kind: "heartbeat", node: b.node, body: b.body } });
   const kept = items.filter((i) => i.at >= since).sort((x, y) => x.at - y.at);
@@ -106,7 +112,10 @@ export function parseReplay(text) {
  * A player of `lines` into `edge`. Its `respond(node, eventId)` is the
  * stand-in origins' answer: an event with a delivery or refusal line for
  * that node is held until the player reaches that line, then answered 200
- * or 503 `not_admitted`; any other is accepted at once. `play(start)` sends
+ * or 503 `not_admitted`; the forwards of an event before its delivered
+ * `attempt` (whose outcome the original never learnt: a timeout, re-driven
+ * later) are never answered, so the edge times them out again; any other is
+ * accepted at once. `play(start)` sends
  * the lines no sooner than `t_ms` times `scale` after `start`, in order: a
  * webhook goes on once the edge has answered it or forwarded it to an
  * origin (its decision is made); a beat once answered; a delivery or
@@ -129,12 +138,21 @@ export function player(edge, lines, { scale = 1, signer, originFor, adminToken }
   const sessionOf = new Map();
   const nextForward = (eventId) => new Promise((resolve) => waiters.set(eventId, [...(waiters.get(eventId) ?? []), resolve]));
 
+  const delivered = new Map(lines.filter((l) => l.kind === "delivery").map((l) => [l.event_id, l.attempt ?? 1]));
+  const arrivals = new Map(); // event id -> forwards so far
+  const stalled = []; // answers of forwards the original never got an answer to
+
   function respond(node, eventId) {
     for (const resolve of waiters.get(eventId) ?? []) resolve();
     waiters.delete(eventId);
+    const n = (arrivals.get(eventId) ?? 0) + 1;
+    arrivals.set(eventId, n);
     const k = key(node, eventId);
-    if (!outcomes.has(k) || released.has(k)) return outcomes.get(k) ?? OUTCOMES.delivery;
-    return new Promise((resolve) => held.set(k, () => resolve(outcomes.get(k))));
+    const outcome = outcomes.get(k);
+    const early = outcome === OUTCOMES.delivery && n < delivered.get(eventId);
+    if (early) return new Promise((resolve) => stalled.push(() => resolve({ status: 504, body: {} })));
+    if (!outcome || released.has(k)) return outcome ?? OUTCOMES.delivery;
+    return new Promise((resolve) => held.set(k, () => resolve(outcome)));
   }
 
   /** Resolves once the call view of `eventId`'s session shows the event out of `forwarding` (at most 5 s). */
@@ -157,7 +175,7 @@ export function player(edge, lines, { scale = 1, signer, originFor, adminToken }
       if (due > Date.now()) await sleep(due - Date.now());
       if (OUTCOMES[line.kind]) {
         const k = key(line.node, line.event_id);
-        for (let i = 0; !held.has(k) && i < 250; i += 1) await sleep(20);
+        for (let i = 0; !held.has(k) && i < 500; i += 1) await sleep(20);
         const release = held.get(k);
         if (!release) {
           unmatched += 1;
@@ -193,7 +211,7 @@ export function player(edge, lines, { scale = 1, signer, originFor, adminToken }
       send.then(() => inflight.get(data.id) === send && inflight.delete(data.id));
       await Promise.race([send, forwarded]);
     }
-    for (const release of held.values()) release();
+    for (const release of [...held.values(), ...stalled]) release();
     await Promise.all(inflight.values());
     return { sent, failed, unmatched };
   }

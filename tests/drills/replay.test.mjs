@@ -27,6 +27,7 @@ function exported() {
       { decision_id: 3, at: at(240), call_session_id: "s2", event_id: "e2", outcome: "reassigned", rule: "line", prefers: "M1", chosen: "M2", reasons: { M1: ["recent_forward_failure"] } },
       { decision_id: 4, at: at(2_300), call_session_id: "s3", event_id: "e3", outcome: "assigned", rule: "line", prefers: "M1", chosen: "M2", reasons: { M1: ["recent_forward_failure"] } },
     ],
+    calls: [{ call_session_id: "s3", events: [{ event_id: "e3", attempts: 3 }] }],
     beats: [{ at: T + 150, node: "M1", body: '{"seq":9}' }, { at: T - 5_000, node: "M1", body: '{"seq":1}' }],
   };
 }
@@ -50,6 +51,8 @@ test("the replay file has every line in the Dispatcher's order, from `since`", (
       [2_350, "delivery", "M2", "e3"],
     ],
   );
+  // The delivering attempt, from the call view (e3 timed out twice first).
+  assert.deepEqual(lines.filter((l) => l.kind === "delivery").map((l) => l.attempt), [1, 1, 3]);
 });
 
 test("a file that is not callfence_replay_v1 or has a malformed line is refused", () => {
