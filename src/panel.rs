@@ -1,10 +1,11 @@
 //! Bearer-token routes: the documents (with revisions and ETags), the
-//! routing preview and the read-only views (SPEC §4, §9, §13).
+//! routing preview, the read-only views (SPEC §4, §9, §13) and their paged
+//! reads (`/v1/calls`, `/v1/events`).
 
 use crate::auth::Caller;
 use crate::protocol::{self, DocumentRead, Reply, Request as ProtocolRequest, Written};
 use crate::reply::{relay, Answer, ApiError};
-use crate::routes::Route;
+use crate::routes::{valid_call_id, Route};
 use callfence_core::document::DocKind;
 use serde_json::json;
 use worker::{Env, Request};
@@ -20,8 +21,17 @@ fn number(req: &Request, name: &str) -> Result<Option<u64>, ApiError> {
         Some(text) => text
             .parse::<u64>()
             .map(Some)
-            .map_err(|_| ApiError::new(400, "bad_request").with("parameter", name)),
+            .map_err(|_| bad_parameter(name)),
     }
+}
+
+/// A list's `limit` (the engine clamps it to the route's range).
+fn limit(req: &Request) -> Result<Option<u32>, ApiError> {
+    Ok(number(req, "limit")?.map(|l| l.min(u64::from(u32::MAX)) as u32))
+}
+
+fn bad_parameter(name: &str) -> ApiError {
+    ApiError::new(400, "bad_request").with("parameter", name)
 }
 
 fn etag(revision: u64) -> String {
@@ -66,10 +76,22 @@ pub async fn handle(
         Route::Preview => ProtocolRequest::Preview,
         Route::Status => ProtocolRequest::Status,
         Route::Decisions => ProtocolRequest::Decisions {
-            limit: number(req, "limit")?.map(|l| l.min(u64::from(u32::MAX)) as u32),
+            limit: limit(req)?,
             call_session_id: query(req, "call_session_id").filter(|id| id.len() <= 256),
+            after: number(req, "after")?,
         },
         Route::Call(id) => ProtocolRequest::Call { id: id.clone() },
+        Route::Calls => ProtocolRequest::Calls {
+            limit: limit(req)?,
+            after: match query(req, "after") {
+                Some(id) if !valid_call_id(&id) => return Err(bad_parameter("after")),
+                after => after,
+            },
+        },
+        Route::Events => ProtocolRequest::Events {
+            limit: limit(req)?,
+            after: number(req, "after")?,
+        },
         _ => return Err(ApiError::not_found()),
     };
     relay(protocol::call(env, &request, &body).await)

@@ -57,7 +57,7 @@
 //! | `GetDocument` (`kind`, `revision`?) | none | [`DocumentRead`] |
 //! | `PutDocument` (`kind`, `if_match`?, `writer_fp`) | the document | [`Written`] |
 //! | `Preview` | the request body | the §13 preview, relayed |
-//! | `Status`, `Decisions` (`limit`?, `call_session_id`?), `Call` (`id`) | none | the §13 views, relayed |
+//! | `Status`, `Decisions` (`limit`?, `call_session_id`?, `after`?), `Call` (`id`), `Calls` (`limit`?, `after`?), `Events` (`limit`?, `after`?) | none | the §13 views and the paged reads, relayed |
 //! | `Probe` (`node`, `kid`) | none | [`ProbeTarget`], or 429 `rate_limited` |
 //! | `Profile` | none | the Dispatcher's time per operation (`dispatcher::profile`; `make bench` only) |
 //! | `WritesOnly` (`id`, `node`, `origin_url`) | an event body | `{"written":true}`; `make bench` only, under `CALLFENCE_TEST_WRITES_ONLY` |
@@ -181,6 +181,27 @@ pub enum Request {
         /// Only this call's.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         call_session_id: Option<String>,
+        /// Oldest first, after this decision id (the paged read).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<u64>,
+    },
+    /// A page of whole calls.
+    Calls {
+        /// At most this many (clamped by the engine).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+        /// After this call session id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<String>,
+    },
+    /// A page of the event ledger with raw bodies.
+    Events {
+        /// At most this many (clamped by the engine).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+        /// After this arrival number (`seq`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<u64>,
     },
     /// One call's record.
     Call {
@@ -231,6 +252,8 @@ impl Request {
             Request::Status => "status",
             Request::Decisions { .. } => "decisions",
             Request::Call { .. } => "call",
+            Request::Calls { .. } => "calls",
+            Request::Events { .. } => "events",
             Request::Profile => "profile",
             Request::Probe { .. } => "probe",
             Request::WritesOnly { .. } => "writes_only",
@@ -255,6 +278,8 @@ impl Request {
             | Request::Status
             | Request::Decisions { .. }
             | Request::Call { .. }
+            | Request::Calls { .. }
+            | Request::Events { .. }
             | Request::Profile
             | Request::WritesOnly { .. } => None,
         }
@@ -279,6 +304,8 @@ impl Request {
             | Request::Status
             | Request::Decisions { .. }
             | Request::Call { .. }
+            | Request::Calls { .. }
+            | Request::Events { .. }
             | Request::Profile
             | Request::WritesOnly { .. } => false,
         }

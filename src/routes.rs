@@ -52,6 +52,11 @@ pub enum Route {
     Decisions,
     /// `GET /v1/calls/{call_session_id}`.
     Call(String),
+    /// `GET /v1/calls`: whole calls, a page at a time.
+    Calls,
+    /// `GET /v1/events`: the event ledger's raw webhooks, a page at a time
+    /// (the replay export).
+    Events,
 }
 
 /// Who may call a route.
@@ -98,6 +103,8 @@ impl Route {
             "/v1/routing/preview" => (&["POST"], |_| Route::Preview),
             "/v1/status" => (&["GET"], |_| Route::Status),
             "/v1/decisions" => (&["GET"], |_| Route::Decisions),
+            "/v1/calls" => (&["GET"], |_| Route::Calls),
+            "/v1/events" => (&["GET"], |_| Route::Events),
             _ => {
                 let id = path
                     .strip_prefix("/v1/calls/")
@@ -133,7 +140,9 @@ impl Route {
             | Route::Preview
             | Route::Status
             | Route::Decisions
-            | Route::Call(_) => Some(Capability::Admin),
+            | Route::Call(_)
+            | Route::Calls
+            | Route::Events => Some(Capability::Admin),
         }
     }
 
@@ -145,13 +154,16 @@ impl Route {
             Route::Heartbeat | Route::Fence | Route::Claims | Route::MediaVerify | Route::Probe => {
                 Guard::Node
             }
-            Route::Health | Route::GetNodes | Route::PutNodes => Guard::Bearer(Access::AdminOnly),
+            Route::Health | Route::GetNodes | Route::PutNodes | Route::Events => {
+                Guard::Bearer(Access::AdminOnly)
+            }
             Route::GetPolicy
             | Route::PutPolicy
             | Route::Preview
             | Route::Status
             | Route::Decisions
-            | Route::Call(_) => Guard::Bearer(Access::PolicyOrAdmin),
+            | Route::Call(_)
+            | Route::Calls => Guard::Bearer(Access::PolicyOrAdmin),
         }
     }
 
@@ -171,7 +183,7 @@ impl Route {
 
 /// A call session id as it may appear in a path: 1 to
 /// [`MAX_CALL_ID_CHARS`] visible ASCII characters, no `/`.
-fn valid_call_id(id: &str) -> bool {
+pub fn valid_call_id(id: &str) -> bool {
     (1..=MAX_CALL_ID_CHARS).contains(&id.len())
         && id.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
 }
@@ -200,6 +212,8 @@ mod tests {
             ("POST", "/v1/routing/preview", Route::Preview),
             ("GET", "/v1/status", Route::Status),
             ("GET", "/v1/decisions", Route::Decisions),
+            ("GET", "/v1/calls", Route::Calls),
+            ("GET", "/v1/events", Route::Events),
             (
                 "GET",
                 "/v1/calls/v3:abc-123",
@@ -244,7 +258,12 @@ mod tests {
 
     #[test]
     fn operator_only_routes_refuse_policy_tokens() {
-        for route in [Route::Health, Route::GetNodes, Route::PutNodes] {
+        for route in [
+            Route::Health,
+            Route::GetNodes,
+            Route::PutNodes,
+            Route::Events,
+        ] {
             assert_eq!(route.guard(), Guard::Bearer(Access::AdminOnly));
         }
         for route in [
@@ -253,6 +272,7 @@ mod tests {
             Route::Preview,
             Route::Status,
             Route::Decisions,
+            Route::Calls,
         ] {
             assert_eq!(route.guard(), Guard::Bearer(Access::PolicyOrAdmin));
         }

@@ -347,7 +347,7 @@ fn the_pending_window_closes_with_a_rejected_decision() {
         w.webhook("p1", "call.initiated", "s-p", "incoming"),
         Ingress::Rejected
     );
-    let decisions = w.engine.decisions(None, Some("s-p")).unwrap();
+    let decisions = w.engine.decisions(None, Some("s-p"), None).unwrap();
     let outcomes: Vec<_> = decisions["decisions"]
         .as_array()
         .unwrap()
@@ -538,7 +538,10 @@ fn the_open_call_count_survives_a_rollback_to_the_previous_release_and_back() {
         store.exec(sql, &[]).unwrap();
     }
     // Roll forward: the migration backfills the count.
-    assert_eq!(migrate(&store, T0).unwrap(), vec!["0002_node_load"]);
+    assert_eq!(
+        migrate_with(&store, &MIGRATIONS[..2], T0).unwrap(),
+        vec!["0002_node_load"]
+    );
     let (kept, counted) = load_and_count(&store);
     assert_eq!(kept, counted);
     assert_eq!(kept.len(), 2);

@@ -200,7 +200,10 @@ pub fn serve<S: Store>(
         Request::Decisions {
             limit,
             call_session_id,
-        } => done(&engine.decisions(*limit, call_session_id.as_deref())?),
+            after,
+        } => done(&engine.decisions(*limit, call_session_id.as_deref(), *after)?),
+        Request::Calls { limit, after } => done(&engine.calls(after.as_deref(), *limit)?),
+        Request::Events { limit, after } => done(&engine.events(*after, *limit)?),
         Request::Call { id } => match engine.call(id)? {
             Some(call) => done(&call),
             None => Err(Refusal::UnknownCall),

@@ -6,10 +6,10 @@ import { CANARY_CALLER, PLAIN_CALLER, sleep, standardPolicy, waitFor } from "../
 import { check, routedWhileMarked, unavailability } from "./checker.mjs";
 import { collect, prng, runLoad } from "./load.mjs";
 import { startStack } from "./stack.mjs";
-import { compareDecisions, exportReplay, parseReplay, play, refuses } from "./replay.mjs";
+import { compareDecisions, exportEdge, parseReplay, player, replayFile } from "./replay.mjs";
 import { rollback } from "./rollback.mjs";
 import { deploy } from "./deploy.mjs";
-import { bindingsFor, read, ROOT, startEdge, startOrigin, testKeys } from "../e2e/harness.mjs";
+import { bindingsFor, readPages, ROOT, startEdge, startOrigin, testKeys } from "../e2e/harness.mjs";
 import { writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -285,23 +285,14 @@ export async function canary({ short = false } = {}) {
 
 // --------------------------------------------------------------- replay ----
 
-/** Reads every decision of `sessions` from a bare edge. */
-async function decisionsOf(edge, token, sessions) {
-  const out = [];
-  for (const s of sessions) {
-    const res = await read(await edge.fetch(`/v1/decisions?call_session_id=${encodeURIComponent(s)}`, { headers: { authorization: `Bearer ${token}` } }));
-    out.push(...res.body.decisions);
-  }
-  return out;
-}
-
 export async function replay({ short = false, scale = 1 } = {}) {
   const calls = short ? 40 : 300;
   const rate = short ? 4 : 8;
+  const timings = { ...TIMINGS, CALLFENCE_TEST_MAX_DURATION_MS: "15000" };
   const stack = await startStack({
     nodes: { M1: stable, M2: stable, M3: stable },
     policy: standardPolicy,
-    bindings: { ...TIMINGS, CALLFENCE_TEST_MAX_DURATION_MS: "15000" },
+    bindings: timings,
     recordBeats: true,
   });
   let text;
@@ -327,7 +318,8 @@ export async function replay({ short = false, scale = 1 } = {}) {
     await script;
     sessions = load.sessions;
     original = await collect(stack, sessions);
-    text = exportReplay({ policy: standardPolicy(["M1", "M2", "M3"]), nodes: stack.cluster.registry(), beats: stack.recorder.beats, wire: load.wire, decisions: original.decisions, since });
+    const exported = await exportEdge(stack.edge, stack.cluster.keys.adminToken);
+    text = replayFile({ ...exported, beats: stack.recorder.beats, since });
     signer = { nodes: Object.fromEntries(Object.values(stack.nodes).map((n) => [n.id, { kid: n.key.kid, privateKey: n.key.privateKeyObject }])) };
   } finally {
     await stack.close();
@@ -336,22 +328,22 @@ export async function replay({ short = false, scale = 1 } = {}) {
   const file = join(ROOT, ".drills", "replay-input.jsonl");
   writeFileSync(file, text);
 
-  // A fresh edge with the same documents, its origins stand-ins that accept.
+  // A fresh edge with the same documents and timings, its origins
+  // stand-ins that answer as the file says (see replay.mjs, player).
   const { header, lines } = parseReplay(text);
   const keys = testKeys();
-  const edge = await startEdge({ keys, bindings: { ...bindingsFor(keys), ...TIMINGS } });
+  const edge = await startEdge({ keys, bindings: { ...bindingsFor(keys), ...timings } });
   const origins = {};
-  const refused = refuses(lines, scale);
-  let start = 0;
+  const replaying = player(edge, lines, {
+    scale,
+    signer: { ...signer, telnyx: keys.telnyx.privateKeyObject },
+    originFor: (id) => origins[id].url,
+    adminToken: keys.adminToken,
+  });
   try {
     for (const id of Object.keys(header.nodes.nodes)) {
       origins[id] = await startOrigin({ node: id, edgeKeys: [{ kid: keys.edgeKid, public_key: keys.edge.publicKey }], telnyxPublicKey: keys.telnyx.publicKey });
-      origins[id].respond = async (req) => {
-        const at = refused(id, JSON.parse(req.body).data.id);
-        if (at === null) return { status: 200, body: { ok: true } };
-        await sleep(Math.max(0, start + at - Date.now()));
-        return { status: 503, body: { callfence: "not_admitted" } }; // a definite non-delivery, as the agent says it
-      };
+      origins[id].respond = (req) => replaying.respond(id, JSON.parse(req.body).data.id);
     }
     const admin = { authorization: `Bearer ${keys.adminToken}`, "content-type": "application/json", "if-match": '"0"' };
     const registry = structuredClone(header.nodes);
@@ -360,9 +352,8 @@ export async function replay({ short = false, scale = 1 } = {}) {
       const res = await edge.fetch(`/v1/${kind}`, { method: "PUT", headers: admin, body: JSON.stringify(doc) });
       if (res.status !== 200) throw new Error(`replay edge: PUT /v1/${kind}: ${res.status} ${await res.text()}`);
     }
-    start = Date.now();
-    const played = await play(edge, lines, { start, scale, signer: { ...signer, telnyx: keys.telnyx.privateKeyObject }, originFor: (id) => origins[id].url });
-    const replayed = await decisionsOf(edge, keys.adminToken, sessions);
+    const played = await replaying.play(Date.now());
+    const replayed = await readPages(edge, keys.adminToken, "/v1/decisions", "decisions", { after: 0, limit: 500 });
     const { compared, differences } = compareDecisions(original.decisions, replayed);
     const rules = {};
     for (const d of original.decisions) rules[`${d.rule}->${d.chosen}`] = (rules[`${d.rule}->${d.chosen}`] ?? 0) + 1;
@@ -376,6 +367,7 @@ export async function replay({ short = false, scale = 1 } = {}) {
         webhooks: lines.filter((l) => l.kind === "webhook").length,
         heartbeats: lines.filter((l) => l.kind === "heartbeat").length,
         sends_refused: played.failed,
+        outcomes_unmatched: played.unmatched,
         decisions_original: original.decisions.length,
         decisions_replayed: replayed.length,
         decisions_compared: compared,

@@ -2,7 +2,8 @@
 // deliveries, Telnyx's retry after 2 s of anything but a settled answer, and
 // a hangup after a short hold. Every webhook sent is recorded with its answer.
 
-import { telnyxHeaders } from "../e2e/harness.mjs";
+import { request } from "node:http";
+import { readPages, telnyxHeaders } from "../e2e/harness.mjs";
 import { event, LINE, PLAIN_CALLER, sleep } from "../e2e/agents-cluster.mjs";
 
 /** A seeded PRNG (mulberry32): returns () => [0, 1). */
@@ -22,6 +23,27 @@ const RETRY_MS = 2_000;
 const settled = (status) => status !== 0 && status !== 503 && status < 500;
 
 /**
+ * POSTs `body` on a connection of its own, closed when answered or after
+ * `timeout` ms: a load that outruns a slow or killed edge then leaves no
+ * half-closed sockets behind (fetch's pool kept thousands in CLOSE-WAIT
+ * across workerd kills until the process ran out of descriptors).
+ * Resolves { status, text }; rejects on a network error or the timeout.
+ */
+function post(url, headers, body, timeout) {
+  return new Promise((resolve, reject) => {
+    const req = request(url, { method: "POST", headers: { ...headers, "content-length": Buffer.byteLength(body) }, agent: false, timeout }, (res) => {
+      const chunks = [];
+      res.on("data", (c) => chunks.push(c));
+      res.on("end", () => resolve({ status: res.statusCode, text: Buffer.concat(chunks).toString("utf8") }));
+      res.on("error", reject);
+    });
+    req.on("timeout", () => req.destroy(Object.assign(new Error("timeout"), { code: "TIMEOUT" })));
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+/**
  * Runs a load against `stack` until `calls` calls have started, and on
  * while `more()` holds.
  * opts: { calls, rate (calls/s), seed, duplicates (share), holdMs: [min, max],
@@ -33,7 +55,6 @@ export async function runLoad(stack, opts) {
   const acks = [];
   const ccids = {};
   const sessions = [];
-  const wire = [];
   const { cluster } = stack;
   const tag = opts.tag ?? "drill";
 
@@ -41,20 +62,18 @@ export async function runLoad(stack, opts) {
     for (let attempt = 1; ; attempt += 1) {
       const at = Date.now();
       const headers = telnyxHeaders(body, cluster.keys.telnyx.privateKeyObject);
-      wire.push({ at, body, headers: { "telnyx-timestamp": headers["telnyx-timestamp"], "telnyx-signature-ed25519": headers["telnyx-signature-ed25519"] } });
       let status = 0;
       let answer = null;
       try {
-        const res = await cluster.edge.fetch("/v1/telnyx/webhook", { method: "POST", headers, body, signal: AbortSignal.timeout(10_000) });
+        const res = await post(new URL("/v1/telnyx/webhook", cluster.edge.url), headers, body, 10_000);
         status = res.status;
-        const text = await res.text();
         try {
-          answer = JSON.parse(text);
+          answer = JSON.parse(res.text);
         } catch {
-          answer = text;
+          answer = res.text;
         }
       } catch (e) {
-        answer = { error: `network: ${e.cause?.code ?? e.name}` };
+        answer = { error: `network: ${e.code ?? e.name}` };
       }
       acks.push({ session: call.session, ccid: call.ccid, event_id: id, type, status, body: answer, at, attempt });
       if (settled(status) || attempt > (opts.retries ?? 6)) return status;
@@ -88,22 +107,23 @@ export async function runLoad(stack, opts) {
     running.add(p);
   }
   await Promise.all(running);
-  return { acks, ccids, sessions, wire };
+  return { acks, ccids, sessions };
 }
 
-/** Reads the edge's views of `sessions` (call view and, unless `withDecisions` is false, decisions), `parallel` at a time. */
-export async function collect(stack, sessions, { parallel = 6, withDecisions = true } = {}) {
+/**
+ * Reads the edge's views of `sessions` through the paged admin reads: every
+ * call (`GET /v1/calls`, the `GET /v1/calls/{id}` shape) and, unless
+ * `withDecisions` is false, every decision (`GET /v1/decisions?after=`).
+ */
+export async function collect(stack, sessions, { withDecisions = true } = {}) {
+  const want = new Set(sessions);
+  const { edge, keys } = stack.cluster;
   const calls = {};
-  const decisions = [];
-  const queue = [...sessions];
-  async function worker() {
-    while (queue.length) {
-      const s = queue.shift();
-      const view = await stack.cluster.call(s);
-      if (view.status === 200) calls[s] = view.body;
-      if (withDecisions) decisions.push(...(await stack.cluster.decisions(s)));
-    }
+  for (const call of await readPages(edge, keys.adminToken, "/v1/calls", "calls")) {
+    if (want.has(call.call_session_id)) calls[call.call_session_id] = call;
   }
-  await Promise.all(Array.from({ length: parallel }, worker));
+  const decisions = withDecisions
+    ? (await readPages(edge, keys.adminToken, "/v1/decisions", "decisions", { after: 0, limit: 500 })).filter((d) => want.has(d.call_session_id))
+    : [];
   return { calls, decisions };
 }

@@ -78,8 +78,18 @@ export async function startStack({ nodes, policy, bindings = {}, recordBeats = f
     const r = cluster.nodes[id].cli("mode", "set", mode);
     if (r.status !== 0) throw new Error(`${id}: mode set ${mode}: ${r.stderr}`);
   };
-  /** Restarts whatever of a node is down; resets its proxy and mode. */
+  /** Restarts whatever of a node is down; resets its proxy and mode (three tries: a loaded machine may start an app late). */
   stack.heal = async (id) => {
+    for (let attempt = 1; ; attempt += 1) {
+      try {
+        return await healOnce(id);
+      } catch (error) {
+        if (attempt >= 3) throw error;
+        await new Promise((resolve) => setTimeout(resolve, 1_000));
+      }
+    }
+  };
+  const healOnce = async (id) => {
     const n = cluster.nodes[id];
     proxies[id].set("pass");
     stack.freezeAgent(id, false);

@@ -391,3 +391,30 @@ export async function startOrigin({ node, edgeKeys, telnyxPublicKey, path = "/ca
   origin.close = () => new Promise((resolve) => server.close(resolve));
   return origin;
 }
+
+/**
+ * Every item of a paged admin read (`GET /v1/calls`, `/v1/events`,
+ * `/v1/decisions?after=`): follows `next` from `after` (omitted when
+ * undefined) until it is null. `key` names the list in each page; a page
+ * answered other than 200, or not at all, is retried up to 5 times, then
+ * throws.
+ */
+export async function readPages(edge, tokenValue, path, key, { after, limit = 100 } = {}) {
+  const items = [];
+  let cursor = after;
+  for (;;) {
+    const query = `limit=${limit}${cursor === undefined ? "" : `&after=${encodeURIComponent(cursor)}`}`;
+    let page;
+    for (let attempt = 1; ; attempt += 1) {
+      page = await edge
+        .fetch(`${path}?${query}`, { headers: bearer(tokenValue) })
+        .then(read, (e) => ({ status: 0, body: `network: ${e.cause?.code ?? e.name}` }));
+      if (page.status === 200) break;
+      if (attempt >= 5) throw new Error(`GET ${path}?${query}: ${page.status} ${JSON.stringify(page.body)}`);
+      await new Promise((resolve) => setTimeout(resolve, 200 * attempt));
+    }
+    items.push(...page.body[key]);
+    if (page.body.next === null || page.body.next === undefined) return items;
+    cursor = page.body.next;
+  }
+}

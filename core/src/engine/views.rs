@@ -1,5 +1,6 @@
-//! Read-only views: status (the panel contract), preview, decisions and a
-//! call's record (SPEC §9, §13). Nothing here writes.
+//! Read-only views: status (the panel contract), preview, decisions, a
+//! call's record, the paged reads of calls and of the event ledger (SPEC §9,
+//! §13). Nothing here writes.
 
 use super::rows::event_state as st;
 use super::{Engine, EngineError, PreviewRequest};
@@ -18,9 +19,27 @@ pub const MAX_LIMIT: u32 = 500;
 /// Decisions shown in the status view.
 pub const STATUS_DECISIONS: u32 = 10;
 
+/// The largest `limit` of the paged reads of whole calls and of raw
+/// events (`GET /v1/calls`, `GET /v1/events`); their default is
+/// [`DEFAULT_LIMIT`].
+pub const MAX_PAGE: u32 = 100;
+
 /// Clamps a list `limit` to 1..=500, defaulting to 50.
 pub fn clamp_limit(limit: Option<u32>) -> u32 {
     limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT)
+}
+
+/// Clamps a page `limit` to 1..=[`MAX_PAGE`], defaulting to 50.
+fn clamp_page(limit: Option<u32>) -> u32 {
+    limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_PAGE)
+}
+
+/// A page's `next` cursor: the last item's, when the page is full.
+fn next<T: Into<Json> + Clone>(items: &[T], limit: u32) -> Json {
+    match items.last() {
+        Some(last) if items.len() == limit as usize => last.clone().into(),
+        _ => Json::Null,
+    }
 }
 
 fn reasons_json(reasons: &BTreeMap<String, Vec<Reason>>) -> Json {
@@ -76,19 +95,62 @@ impl<S: Store> Engine<S> {
         })))
     }
 
-    /// `GET /v1/decisions`, newest first.
+    /// `GET /v1/decisions`: newest first; with `after` (a decision id),
+    /// oldest first from there, and `next`, the cursor of the following
+    /// page (null on the last).
     pub fn decisions(
         &self,
         limit: Option<u32>,
         session: Option<&str>,
+        after: Option<u64>,
     ) -> Result<Json, EngineError> {
-        let list: Vec<Json> = self
-            .q()
-            .decisions(clamp_limit(limit), session)?
+        let limit = clamp_limit(limit);
+        let rows = self.q().decisions(limit, session, after)?;
+        let list: Vec<Json> = rows
             .iter()
-            .filter_map(|b| serde_json::from_str(b).ok())
+            .filter_map(|(_, b)| serde_json::from_str(b).ok())
             .collect();
-        Ok(json!({ "decisions": list }))
+        let mut page = json!({ "decisions": list });
+        if after.is_some() {
+            let ids: Vec<i64> = rows.iter().map(|(id, _)| *id).collect();
+            page["next"] = next(&ids, limit);
+        }
+        Ok(page)
+    }
+
+    /// `GET /v1/calls`: whole calls (each as [`Self::call`] shows it) in
+    /// session id order after `after`, and `next`, the cursor of the
+    /// following page (null on the last).
+    pub fn calls(&self, after: Option<&str>, limit: Option<u32>) -> Result<Json, EngineError> {
+        let limit = clamp_page(limit);
+        let ids = self.q().session_ids_after(after.unwrap_or(""), limit)?;
+        let mut calls = Vec::with_capacity(ids.len());
+        for id in &ids {
+            calls.extend(self.call(id)?);
+        }
+        Ok(json!({ "calls": calls, "next": next(&ids, limit) }))
+    }
+
+    /// `GET /v1/events`: the ledger's events in arrival order after `after`
+    /// (a `seq`), each with its state, its latest attempt's node, when it
+    /// arrived and last changed (a delivered event: when its delivery was
+    /// recorded) and its first delivery's raw body as received (the export a
+    /// replay is made from; kept as long as the ledger keeps the event), and
+    /// `next`, the cursor of the following page (null on the last).
+    pub fn events(&self, after: Option<u64>, limit: Option<u32>) -> Result<Json, EngineError> {
+        let limit = clamp_page(limit);
+        let rows = self.q().events_after(after.unwrap_or(0), limit)?;
+        let seqs: Vec<i64> = rows.iter().map(|e| e.seq).collect();
+        let events: Vec<Json> = rows
+            .into_iter()
+            .map(|e| {
+                json!({"seq": e.seq, "event_id": e.event_id, "event_type": e.event_type,
+                       "call_session_id": e.call_session_id, "state": e.state, "node": e.node,
+                       "received_at": format_ms(e.received_at_ms),
+                       "updated_at": format_ms(e.updated_at_ms), "body": e.body})
+            })
+            .collect();
+        Ok(json!({ "events": events, "next": next(&seqs, limit) }))
     }
 
     /// `GET /v1/calls/{id}`. `None` for an unknown call.
@@ -198,7 +260,7 @@ impl<S: Store> Engine<S> {
                     .collect()
             })
             .unwrap_or_default();
-        let recent = self.decisions(Some(STATUS_DECISIONS), None)?;
+        let recent = self.decisions(Some(STATUS_DECISIONS), None, None)?;
         Ok(json!({
             "engine": {
                 "operative": policy.is_some() && registry.is_some() && last_webhook_at.is_some(),

@@ -62,6 +62,10 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_node_load",
         sql: include_str!("../../../migrations/0002_node_load.sql"),
     },
+    Migration {
+        name: "0003_events_by_seq",
+        sql: include_str!("../../../migrations/0003_events_by_seq.sql"),
+    },
 ];
 
 /// Applies the migrations not yet recorded in `schema_migrations`, in order.

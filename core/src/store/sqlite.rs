@@ -105,7 +105,7 @@ mod tests {
         let store = SqliteStore::in_memory().unwrap();
         assert_eq!(
             migrate(&store, 1).unwrap(),
-            vec!["0001_init", "0002_node_load"]
+            vec!["0001_init", "0002_node_load", "0003_events_by_seq"]
         );
         assert!(migrate(&store, 2).unwrap().is_empty());
         let rows = store
@@ -118,7 +118,8 @@ mod tests {
             rows,
             vec![
                 vec![Value::from("0001_init"), Value::Int(1)],
-                vec![Value::from("0002_node_load"), Value::Int(1)]
+                vec![Value::from("0002_node_load"), Value::Int(1)],
+                vec![Value::from("0003_events_by_seq"), Value::Int(1)]
             ]
         );
     }

@@ -1,6 +1,6 @@
 //! The event ledger's statements, and the alarm's facts.
 
-use super::{int, AlarmFacts, NewEvent, Queries, ALARM_FACTS};
+use super::{int, text, AlarmFacts, NewEvent, Queries, Received, ALARM_FACTS};
 use crate::engine::rows::{
     event_at, payload_at, session_at, EventRow, Payload, SessionRow, EVENT_COLUMNS,
 };
@@ -293,6 +293,35 @@ impl<S: Store> Queries<'_, S> {
             .iter()
             .map(|r| event_at(r, 0))
             .collect()
+    }
+
+    /// Up to `limit` ledger events after arrival number `after`, in arrival
+    /// order, with their first delivery's raw body (the export).
+    pub(crate) fn events_after(
+        &self,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<Received>, EngineError> {
+        let rows = self.run(
+            "SELECT seq, event_id, event_type, call_session_id, state, node, received_at, updated_at, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+            &[after.into(), Value::Int(i64::from(limit))],
+        )?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                Some(Received {
+                    seq: int(r, 0)?,
+                    event_id: text(r, 1)?,
+                    event_type: text(r, 2)?,
+                    call_session_id: text(r, 3),
+                    state: text(r, 4)?,
+                    node: text(r, 5),
+                    received_at_ms: int(r, 6)?,
+                    updated_at_ms: int(r, 7)?,
+                    body: text(r, 8)?,
+                })
+            })
+            .collect())
     }
 
     /// Events in `state` (for the status counts).

@@ -123,6 +123,19 @@ pub(crate) struct LastBeat {
     pub answer: String,
 }
 
+/// A ledger event as the export reads it: its first delivery's raw body.
+pub(crate) struct Received {
+    pub seq: i64,
+    pub event_id: String,
+    pub event_type: String,
+    pub call_session_id: Option<String>,
+    pub state: String,
+    pub node: Option<String>,
+    pub received_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub body: String,
+}
+
 /// The Dispatcher's statements over one [`Store`].
 pub(crate) struct Queries<'s, S: Store> {
     store: &'s S,

@@ -202,23 +202,32 @@ impl<S: Store> Queries<'_, S> {
         Ok(())
     }
 
-    /// Decision bodies, newest first.
+    /// Decision ids and bodies: newest first, or, `after` a decision id,
+    /// oldest first from there (the paged read).
     pub(crate) fn decisions(
         &self,
         limit: u32,
         session: Option<&str>,
-    ) -> Result<Vec<String>, EngineError> {
+        after: Option<u64>,
+    ) -> Result<Vec<(i64, String)>, EngineError> {
         let limit = Value::Int(i64::from(limit));
-        let rows = match session {
-            Some(id) => self.run(
-                "SELECT body FROM decisions WHERE call_session_id = ? ORDER BY decision_id DESC LIMIT ?",
+        let rows = match (after, session) {
+            (Some(after), session) => self.run(
+                "SELECT decision_id, body FROM decisions WHERE decision_id > ?1 AND (?2 IS NULL OR call_session_id = ?2) ORDER BY decision_id LIMIT ?3",
+                &[after.into(), session.into(), limit],
+            )?,
+            (None, Some(id)) => self.run(
+                "SELECT decision_id, body FROM decisions WHERE call_session_id = ? ORDER BY decision_id DESC LIMIT ?",
                 &[id.into(), limit],
             )?,
-            None => self.run(
-                "SELECT body FROM decisions ORDER BY decision_id DESC LIMIT ?",
+            (None, None) => self.run(
+                "SELECT decision_id, body FROM decisions ORDER BY decision_id DESC LIMIT ?",
                 &[limit],
             )?,
         };
-        Ok(rows.iter().filter_map(|r| text(r, 0)).collect())
+        Ok(rows
+            .iter()
+            .filter_map(|r| Some((int(r, 0)?, text(r, 1)?)))
+            .collect())
     }
 }

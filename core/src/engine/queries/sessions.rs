@@ -18,6 +18,22 @@ impl<S: Store> Queries<'_, S> {
             .transpose()
     }
 
+    /// Up to `limit` session ids after `after`, in id order (the paged read).
+    pub(crate) fn session_ids_after(
+        &self,
+        after: &str,
+        limit: u32,
+    ) -> Result<Vec<String>, EngineError> {
+        Ok(self
+            .run(
+                "SELECT call_session_id FROM sessions WHERE call_session_id > ? ORDER BY call_session_id LIMIT ?",
+                &[after.into(), Value::Int(i64::from(limit))],
+            )?
+            .iter()
+            .filter_map(|r| text(r, 0))
+            .collect())
+    }
+
     /// Creates an unowned session; `None` when it already exists.
     pub(crate) fn insert_session(
         &self,
