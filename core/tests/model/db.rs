@@ -76,6 +76,9 @@ pub struct ModelStore(pub Rc<Db>);
 
 const ALL: u64 = u64::MAX;
 
+/// The database's page size (SQLite's default is 4096).
+const PAGE_SIZE: u32 = 1024;
+
 fn texts(rows: Vec<Row>, column: usize) -> Vec<String> {
     rows.into_iter()
         .filter_map(|r| r.into_iter().nth(column).and_then(Value::into_text))
@@ -86,6 +89,10 @@ impl Db {
     /// A fresh in-memory database, migrated, with `plant` armed.
     pub fn new(plant: Option<&'static Plant>, now_ms: i64) -> Rc<Self> {
         let sqlite = SqliteStore::in_memory().expect("sqlite");
+        // Small pages: a rollback copies back fewer bytes per page touched.
+        sqlite
+            .exec(&format!("PRAGMA page_size = {PAGE_SIZE}"), &[])
+            .expect("page size");
         migrate(&sqlite, now_ms).expect("migrate");
         let names = texts(
             sqlite
@@ -173,6 +180,7 @@ impl Db {
         })
     }
 
+    /// The statement parsed in full (cached): only a plant needs that.
     fn stmt(&self, sql: &str) -> Rc<Stmt> {
         if let Some(s) = self.parsed.borrow().get(sql) {
             return s.clone();
@@ -182,17 +190,17 @@ impl Db {
         s
     }
 
-    fn mark(&self, stmt: &Stmt) {
-        let bits = match stmt.verb {
+    fn mark(&self, verb: Verb, table: &str) {
+        let bits = match verb {
             Verb::Select => 0,
             Verb::Other => {
                 self.decisions.set(true);
                 ALL
             }
             Verb::Insert | Verb::Update | Verb::Delete => {
-                match self.tables.iter().position(|t| t.name == stmt.table) {
+                match self.tables.iter().position(|t| t.name == table) {
                     Some(i) => (1 << i) | self.tables[i].triggers,
-                    None if stmt.table == DECISIONS => {
+                    None if table == DECISIONS => {
                         self.decisions.set(true);
                         0
                     }
@@ -335,10 +343,10 @@ fn hash_value(value: &Value, state: &mut impl Hasher) {
 impl Store for ModelStore {
     fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
         let db = &self.0;
-        let stmt = db.stmt(sql);
-        db.mark(&stmt);
+        let (verb, table) = Stmt::head(sql);
+        db.mark(verb, &table);
         for (plant, fired) in &db.plants {
-            if let Some(rewrite) = plant.apply(&stmt, sql, params) {
+            if let Some(rewrite) = plant.apply(&db.stmt(sql), sql, params) {
                 fired.set(fired.get() + 1);
                 return match rewrite {
                     Rewrite::Drop => Ok(Vec::new()),

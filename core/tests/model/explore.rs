@@ -23,6 +23,16 @@ pub struct Stats {
     /// The longest action sequence followed.
     pub depth: usize,
     pub elapsed: Duration,
+    /// CPU time of the searching thread (None where Linux's
+    /// `/proc/thread-self/schedstat` is unavailable).
+    pub cpu: Option<Duration>,
+}
+
+/// The calling thread's CPU time so far.
+fn thread_cpu() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
 /// A broken invariant and the actions that reach it.
@@ -52,6 +62,7 @@ pub fn search(
     wanted: &dyn Fn(&Violation) -> bool,
 ) -> (Stats, Option<Found>, u64) {
     let started = Instant::now();
+    let cpu_start = thread_cpu();
     let (mut model, root) = Model::new(bounds.clone(), plant);
     let mut visited: HashMap<u128, usize> = HashMap::new();
     visited.insert(model.hash(&root), 0);
@@ -129,6 +140,9 @@ pub fn search(
         });
     }
     stats.elapsed = started.elapsed();
+    stats.cpu = thread_cpu()
+        .zip(cpu_start)
+        .map(|(end, start)| end.saturating_sub(start));
     (stats, found, model.db.fired())
 }
 

@@ -43,6 +43,38 @@ pub struct Stmt {
 }
 
 impl Stmt {
+    /// Its verb and the table it writes (or reads first), from its first
+    /// words only.
+    pub fn head(sql: &str) -> (Verb, String) {
+        let mut words = sql.split_whitespace();
+        let mut next = || words.next().unwrap_or("");
+        let (verb, skip) = match next().to_ascii_uppercase().as_str() {
+            "SELECT" => (Verb::Select, None),
+            "INSERT" | "REPLACE" => (Verb::Insert, Some("INTO")),
+            "UPDATE" => (Verb::Update, None),
+            "DELETE" => (Verb::Delete, Some("FROM")),
+            _ => (Verb::Other, None),
+        };
+        let table = match verb {
+            Verb::Insert | Verb::Delete => loop {
+                let w = next();
+                if w.is_empty() || skip.is_some_and(|s| w.eq_ignore_ascii_case(s)) {
+                    break next();
+                }
+            },
+            Verb::Update => match next() {
+                w if w.eq_ignore_ascii_case("OR") => {
+                    next();
+                    next()
+                }
+                w => w,
+            },
+            Verb::Select | Verb::Other => "",
+        };
+        let table = table.split('(').next().unwrap_or("").to_ascii_lowercase();
+        (verb, table)
+    }
+
     pub fn parse(sql: &str) -> Self {
         let s = sql.trim_start();
         let upper = s.to_ascii_uppercase();
@@ -462,6 +494,22 @@ mod tests {
         let s = Stmt::parse("UPDATE sessions SET fence_node = ?, state = CASE WHEN state = 'assigned' THEN 'answered' ELSE state END, updated_at = ? WHERE call_session_id = ? AND fence_node IS NULL AND owner = ?");
         assert_eq!(s.filtered("owner"), Some(&Operand::Param(3)));
         assert_eq!(Stmt::parse("SELECT 1 FROM events").verb, Verb::Select);
+        for sql in [
+            "INSERT INTO counters (name, value) VALUES (?, 1)",
+            "INSERT OR REPLACE INTO counters(name) VALUES (?)",
+            "UPDATE counters SET value = 1",
+            "UPDATE OR IGNORE counters SET value = 1",
+            "DELETE FROM counters WHERE name = ?",
+            "SELECT 1 FROM counters",
+            "WITH x AS (SELECT 1) UPDATE counters SET value = 1",
+        ] {
+            let parsed = Stmt::parse(sql);
+            let (verb, table) = Stmt::head(sql);
+            assert_eq!(verb, parsed.verb, "{sql}");
+            if verb != Verb::Select {
+                assert_eq!(table, parsed.table, "{sql}");
+            }
+        }
         assert_eq!(
             Stmt::parse("WITH x AS (SELECT 1) UPDATE events SET a = 1").verb,
             Verb::Other
