@@ -205,13 +205,18 @@ type Cached<T> = Option<(u64, Rc<T>)>;
 /// What the engine keeps in memory: documents by revision, each node's last
 /// accepted beat (parsed), and the alarm's facts as of the last write. All
 /// of it is rebuilt from SQL on demand; a failed unit drops all of it.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Cache {
     nodes: Option<Cached<NodeRegistry>>,
     policy: Option<Cached<RoutingPolicy>>,
     beats: HashMap<String, Option<Rc<Beat>>>,
     alarm: Option<AlarmFacts>,
 }
+
+/// A copy of an engine's in-memory caches ([`Engine::caches`]).
+#[doc(hidden)]
+#[derive(Default, Clone)]
+pub struct Caches(Cache);
 
 /// The Dispatcher: see the module documentation.
 pub struct Engine<S: Store> {
@@ -245,6 +250,22 @@ impl<S: Store> Engine<S> {
     /// The configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// A copy of the in-memory caches (cheap: shared parsed documents and
+    /// beats). Only the model check uses it: it explores many histories on
+    /// one engine and database, and gives each history its own caches back
+    /// with [`Engine::set_caches`] when it returns to it, so that a cache
+    /// that disagrees with the database (a planted bug) is explored exactly.
+    #[doc(hidden)]
+    pub fn caches(&self) -> Caches {
+        Caches(self.cache.borrow().clone())
+    }
+
+    /// Replaces the in-memory caches (see [`Engine::caches`]).
+    #[doc(hidden)]
+    pub fn set_caches(&self, caches: Caches) {
+        *self.cache.borrow_mut() = caches.0;
     }
 
     fn q(&self) -> Queries<'_, S> {

@@ -123,16 +123,16 @@ impl<S: Store> Engine<S> {
     pub fn handle_report(&self, report: &Report, now_ms: i64) -> Result<ReportEffect, EngineError> {
         self.unit(|| {
             let q = self.q();
-            let Some((event, session)) = q.event_with_session(&report.event_id)? else {
+            let Some(found) = q.reported_event(&report.event_id, report.epoch)? else {
                 return Ok(ReportEffect::Unknown);
             };
+            let (event, current) = (found.event, found.current);
             if event.state == st::DELIVERED {
                 return Ok(ReportEffect::Delivered(delivered(&event)));
             }
-            let Some(session) = session else {
+            let Some(session) = found.session else {
                 return Ok(ReportEffect::Unknown);
             };
-            let current = session.epoch == Some(report.epoch) && event.epoch == Some(report.epoch);
             let Some(node) = event.node.clone().filter(|_| current) else {
                 return Ok(ReportEffect::Unknown);
             };

@@ -3,7 +3,7 @@
 //! Object.
 
 use super::{Row, Store, StoreError, Value};
-use rusqlite::types::ValueRef;
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::Connection;
 
 /// A [`Store`] over one rusqlite connection.
@@ -41,15 +41,15 @@ fn to_error(e: rusqlite::Error) -> StoreError {
 impl Store for SqliteStore {
     fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
         let mut stmt = self.conn.prepare_cached(sql).map_err(to_error)?;
-        let bound: Vec<rusqlite::types::Value> = params
-            .iter()
-            .map(|v| match v {
-                Value::Null => rusqlite::types::Value::Null,
-                Value::Int(i) => rusqlite::types::Value::Integer(*i),
-                Value::Real(f) => rusqlite::types::Value::Real(*f),
-                Value::Text(s) => rusqlite::types::Value::Text(s.clone()),
+        // Bound by reference: no copy of a text parameter.
+        let bound = params.iter().map(|v| {
+            ToSqlOutput::Borrowed(match v {
+                Value::Null => ValueRef::Null,
+                Value::Int(i) => ValueRef::Integer(*i),
+                Value::Real(f) => ValueRef::Real(*f),
+                Value::Text(s) => ValueRef::Text(s.as_bytes()),
             })
-            .collect();
+        });
         let columns = stmt.column_count();
         let mut rows = stmt
             .query(rusqlite::params_from_iter(bound))

@@ -163,7 +163,9 @@ impl Violation {
 /// The checker's memory across steps.
 #[derive(Default, Clone)]
 pub struct Checker {
-    last: Snapshot,
+    /// Shared, so that cloning a checker (the model check does, per
+    /// explored action) does not copy it.
+    last: std::rc::Rc<Snapshot>,
     max_epoch: u64,
     ambiguous: BTreeSet<(String, u64)>,
     /// Fences the engine granted, as the nodes were told.
@@ -180,7 +182,7 @@ impl Checker {
             self.observe(obs, &after);
         }
         self.compare(&after);
-        self.last = after;
+        self.last = std::rc::Rc::new(after);
     }
 
     /// The snapshot of the last step.

@@ -5,6 +5,7 @@
 use super::checker::{AssignmentEvidence, Ownership, Snapshot};
 use callfence_core::heartbeat::Heartbeat;
 use callfence_core::store::{Store, Value};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Every table except the bookkeeping counter of webhook arrival.
 pub fn dump(store: &impl Store) -> String {
@@ -30,7 +31,47 @@ pub fn dump(store: &impl Store) -> String {
 /// Ownership, delivered events, document revisions and beat validity as
 /// stored.
 pub fn snapshot(store: &impl Store) -> Snapshot {
-    let mut snap = Snapshot::default();
+    snapshot_since(store, &Snapshot::default(), |_| true)
+}
+
+/// [`snapshot`] after a step that wrote only the tables `wrote` accepts:
+/// what the other tables give is taken from `last`, the snapshot before it.
+pub fn snapshot_since(
+    store: &impl Store,
+    last: &Snapshot,
+    wrote: impl Fn(&str) -> bool,
+) -> Snapshot {
+    Snapshot {
+        sessions: if wrote("sessions") {
+            sessions(store)
+        } else {
+            last.sessions.clone()
+        },
+        delivered: if wrote("events") {
+            delivered(store)
+        } else {
+            last.delivered.clone()
+        },
+        revisions: if wrote("documents") {
+            revisions(store)
+        } else {
+            last.revisions.clone()
+        },
+        node_load: if wrote("node_load") {
+            node_load(store)
+        } else {
+            last.node_load.clone()
+        },
+        beat_valid_until: if wrote("heartbeats") {
+            beat_valid_until(store)
+        } else {
+            last.beat_valid_until.clone()
+        },
+    }
+}
+
+fn sessions(store: &impl Store) -> BTreeMap<String, Ownership> {
+    let mut out = BTreeMap::new();
     let rows = store
         .exec("SELECT call_session_id, owner, epoch, fence_node, fence_epoch, state, created_at FROM sessions", &[])
         .expect("sessions");
@@ -41,7 +82,7 @@ pub fn snapshot(store: &impl Store) -> Snapshot {
             _ => None,
         };
         let state = text(5).unwrap_or_default();
-        snap.sessions.insert(
+        out.insert(
             text(0).unwrap_or_default(),
             Ownership {
                 owner: text(1),
@@ -52,34 +93,51 @@ pub fn snapshot(store: &impl Store) -> Snapshot {
             },
         );
     }
-    for r in store
+    out
+}
+
+fn delivered(store: &impl Store) -> BTreeSet<String> {
+    store
         .exec("SELECT event_id FROM events WHERE state = 'delivered'", &[])
         .expect("events")
-    {
-        snap.delivered
-            .insert(r[0].as_text().unwrap_or_default().to_owned());
-    }
-    for r in store
+        .into_iter()
+        .map(|r| r[0].as_text().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn revisions(store: &impl Store) -> BTreeMap<String, u64> {
+    store
         .exec(
             "SELECT kind, MAX(revision) FROM documents GROUP BY kind",
             &[],
         )
         .expect("docs")
-    {
-        snap.revisions.insert(
-            r[0].as_text().unwrap_or_default().to_owned(),
-            r[1].as_int().unwrap_or(0) as u64,
-        );
-    }
-    for r in store
+        .into_iter()
+        .map(|r| {
+            (
+                r[0].as_text().unwrap_or_default().to_owned(),
+                r[1].as_int().unwrap_or(0) as u64,
+            )
+        })
+        .collect()
+}
+
+fn node_load(store: &impl Store) -> BTreeMap<String, i64> {
+    store
         .exec("SELECT node, open_calls FROM node_load", &[])
         .expect("node_load")
-    {
-        snap.node_load.insert(
-            r[0].as_text().unwrap_or_default().to_owned(),
-            r[1].as_int().unwrap_or(0),
-        );
-    }
+        .into_iter()
+        .map(|r| {
+            (
+                r[0].as_text().unwrap_or_default().to_owned(),
+                r[1].as_int().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+fn beat_valid_until(store: &impl Store) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
     for r in store
         .exec(
             "SELECT node, body, received_at, signed_at FROM heartbeats",
@@ -92,12 +150,12 @@ pub fn snapshot(store: &impl Store) -> Snapshot {
             .unwrap_or(0);
         let received = r[2].as_int().unwrap_or(0);
         let signed = r[3].as_int().unwrap_or(0);
-        snap.beat_valid_until.insert(
+        out.insert(
             r[0].as_text().unwrap_or_default().to_owned(),
             received.min(signed + 2_000) + i64::from(valid_for) * 1000,
         );
     }
-    snap
+    out
 }
 
 /// The assignment decisions stored after decision `after_id`, with their

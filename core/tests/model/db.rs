@@ -1,13 +1,19 @@
 //! The model's database: the real rusqlite [`SqliteStore`] behind a thin
-//! [`Store`] wrapper that notes which tables each statement writes, can run
-//! one planted bug ([`crate::plants`]), and snapshots and restores the tables
-//! so that every explored state continues from exactly its own data.
+//! [`Store`] wrapper that notes which tables each statement writes (its
+//! triggers' tables included), can run a planted bug
+//! ([`crate::plants`]), and lets the search return to an earlier state.
 //!
-//! Snapshots are the tables' rows read back through SQL (tables untouched by
-//! an action share their rows with the parent state); a restore rewrites only
-//! the tables that differ. The state hash covers every column that can change
-//! a decision; columns that are only bookkeeping (see [`IGNORED`]) are left
-//! out so that states equal in everything that matters are explored once.
+//! Returning is by savepoints: the search opens one before each action and
+//! rolls back to it to undo the action, so the database undoes exactly the
+//! pages the action wrote and every prepared statement stays valid. The
+//! engine's own atomic units are nested savepoints too
+//! ([`ModelStore::atomically`]).
+//!
+//! A state's tables are known by one 128-bit hash per table; after an action
+//! only the tables it wrote are read back and hashed again. A table's hash
+//! covers every column that can change a decision, in primary-key order;
+//! columns that are only bookkeeping (see [`IGNORED`]) are left out so that
+//! states equal in everything that matters are explored once.
 
 use crate::plants::{Plant, Rewrite, Stmt, Verb};
 use callfence_core::store::sqlite::SqliteStore;
@@ -44,24 +50,24 @@ pub const DECISIONS: &str = "decisions";
 
 struct Table {
     name: String,
-    columns: usize,
-    /// Per column: part of the state hash.
-    hashed: Vec<bool>,
+    /// Reads the hashed columns in primary-key order.
+    select: String,
+    /// The tables written by this table's triggers, as dirty bits.
+    triggers: u64,
 }
 
-/// Every table's rows, in primary-key order.
-#[derive(Clone, Default)]
-pub struct Tables(pub Vec<Rc<Vec<Row>>>);
+/// Per table, the hash of its decision-relevant content.
+pub type TableHashes = Rc<[u128]>;
 
 /// The database and its bookkeeping.
 pub struct Db {
     sqlite: SqliteStore,
     tables: Vec<Table>,
     dirty: Cell<u64>,
+    decisions: Cell<bool>,
     parsed: RefCell<HashMap<String, Rc<Stmt>>>,
-    plant: Option<&'static Plant>,
-    /// How many statements the plant rewrote or dropped.
-    pub fired: Cell<u64>,
+    /// The armed plants, each with how many statements it rewrote.
+    plants: Vec<(&'static Plant, Cell<u64>)>,
 }
 
 /// The [`Store`] the engine is given: a handle on the shared [`Db`].
@@ -70,39 +76,95 @@ pub struct ModelStore(pub Rc<Db>);
 
 const ALL: u64 = u64::MAX;
 
+/// The database's page size (SQLite's default is 4096).
+const PAGE_SIZE: u32 = 1024;
+
+fn texts(rows: Vec<Row>, column: usize) -> Vec<String> {
+    rows.into_iter()
+        .filter_map(|r| r.into_iter().nth(column).and_then(Value::into_text))
+        .collect()
+}
+
 impl Db {
     /// A fresh in-memory database, migrated, with `plant` armed.
     pub fn new(plant: Option<&'static Plant>, now_ms: i64) -> Rc<Self> {
         let sqlite = SqliteStore::in_memory().expect("sqlite");
+        // Small pages: a rollback copies back fewer bytes per page touched.
+        sqlite
+            .exec(&format!("PRAGMA page_size = {PAGE_SIZE}"), &[])
+            .expect("page size");
         migrate(&sqlite, now_ms).expect("migrate");
-        let names: Vec<String> = sqlite
-            .exec(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
-                 AND name NOT IN ('schema_migrations', ?) ORDER BY name",
-                &[DECISIONS.into()],
-            )
-            .expect("tables")
-            .into_iter()
-            .filter_map(|r| r.into_iter().next().and_then(Value::into_text))
-            .collect();
+        let names = texts(
+            sqlite
+                .exec(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
+                     AND name NOT IN ('schema_migrations', ?) ORDER BY name",
+                    &[DECISIONS.into()],
+                )
+                .expect("tables"),
+            0,
+        );
         assert!(names.len() <= 64, "one dirty bit per table");
+        let triggers = sqlite
+            .exec(
+                "SELECT tbl_name, sql FROM sqlite_master WHERE type = 'trigger'",
+                &[],
+            )
+            .expect("triggers");
         let tables = names
-            .into_iter()
+            .iter()
             .map(|name| {
-                let columns: Vec<String> = sqlite
+                let info = sqlite
                     .exec(&format!("PRAGMA table_info({name})"), &[])
-                    .expect("columns")
-                    .into_iter()
-                    .filter_map(|r| r.get(1).and_then(Value::as_text).map(str::to_owned))
-                    .collect();
-                let hashed = columns
+                    .expect("columns");
+                let column = |r: &Row| r.get(1).and_then(Value::as_text).unwrap_or("").to_owned();
+                let hashed: Vec<String> = info
                     .iter()
-                    .map(|c| !IGNORED.contains(&(name.as_str(), c.as_str())))
+                    .map(column)
+                    .filter(|c| !IGNORED.contains(&(name.as_str(), c.as_str())))
                     .collect();
+                let mut keys: Vec<(i64, String)> = info
+                    .iter()
+                    .filter_map(|r| Some((r.get(5)?.as_int().filter(|k| *k > 0)?, column(r))))
+                    .collect();
+                keys.sort();
+                assert!(!keys.is_empty(), "{name} has a primary key");
+                let keys: Vec<String> = keys.into_iter().map(|(_, c)| c).collect();
+                let only = if name == "counters" {
+                    let skip: Vec<String> =
+                        IGNORED_COUNTERS.iter().map(|c| format!("'{c}'")).collect();
+                    format!(" WHERE name NOT IN ({})", skip.join(", "))
+                } else {
+                    String::new()
+                };
+                // The tables a trigger on this one writes.
+                let mut bits = 0;
+                for trigger in triggers
+                    .iter()
+                    .filter(|t| t.first().and_then(Value::as_text) == Some(name))
+                {
+                    let sql = trigger.get(1).and_then(Value::as_text).unwrap_or("");
+                    let body = &sql[sql
+                        .to_ascii_uppercase()
+                        .find("BEGIN")
+                        .expect("trigger body")..];
+                    let written: u64 = names
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, t)| body.contains(&format!(" {t} ")))
+                        .map(|(i, _)| 1 << i)
+                        .sum();
+                    assert!(written != 0, "a trigger on {name} writes a known table");
+                    bits |= written;
+                }
                 Table {
-                    columns: columns.len(),
-                    hashed,
-                    name,
+                    select: format!(
+                        "SELECT {} FROM {name}{only} ORDER BY {}",
+                        hashed.join(", "),
+                        keys.join(", ")
+                    ),
+                    triggers: bits,
+                    name: name.clone(),
                 }
             })
             .collect();
@@ -110,12 +172,15 @@ impl Db {
             sqlite,
             tables,
             dirty: Cell::new(0),
+            decisions: Cell::new(false),
             parsed: RefCell::new(HashMap::new()),
-            plant,
-            fired: Cell::new(0),
+            plants: plant
+                .map(|p| p.armed().into_iter().map(|p| (p, Cell::new(0))).collect())
+                .unwrap_or_default(),
         })
     }
 
+    /// The statement parsed in full (cached): only a plant needs that.
     fn stmt(&self, sql: &str) -> Rc<Stmt> {
         if let Some(s) = self.parsed.borrow().get(sql) {
             return s.clone();
@@ -125,103 +190,85 @@ impl Db {
         s
     }
 
-    fn mark(&self, stmt: &Stmt) {
-        let bits = match stmt.verb {
+    fn mark(&self, verb: Verb, table: &str) {
+        let bits = match verb {
             Verb::Select => 0,
-            Verb::Other => ALL,
-            Verb::Insert | Verb::Update | Verb::Delete => self
-                .tables
-                .iter()
-                .position(|t| t.name == stmt.table)
-                .map_or(if stmt.table == DECISIONS { 0 } else { ALL }, |i| 1 << i),
+            Verb::Other => {
+                self.decisions.set(true);
+                ALL
+            }
+            Verb::Insert | Verb::Update | Verb::Delete => {
+                match self.tables.iter().position(|t| t.name == table) {
+                    Some(i) => (1 << i) | self.tables[i].triggers,
+                    None if table == DECISIONS => {
+                        self.decisions.set(true);
+                        0
+                    }
+                    None => ALL,
+                }
+            }
         };
         self.dirty.set(self.dirty.get() | bits);
     }
 
-    fn read(&self, i: usize) -> Rc<Vec<Row>> {
-        let sql = format!("SELECT * FROM {} ORDER BY 1, 2", self.tables[i].name);
-        Rc::new(self.sqlite.exec(&sql, &[]).expect("read table"))
+    /// The tables written since the last call, as one bit per table.
+    pub fn take_dirty(&self) -> u64 {
+        self.dirty.replace(0)
     }
 
-    /// Every table as stored now.
-    pub fn capture_all(&self) -> Tables {
-        self.dirty.set(0);
-        Tables((0..self.tables.len()).map(|i| self.read(i)).collect())
+    /// True when a table of `dirty` is named `name`.
+    pub fn wrote(&self, dirty: u64, name: &str) -> bool {
+        self.tables
+            .iter()
+            .position(|t| t.name == name)
+            .is_some_and(|i| dirty & (1 << i) != 0)
     }
 
-    /// The tables after an action from `before`: the ones it wrote are read
-    /// back, the others shared.
-    pub fn capture(&self, before: &Tables) -> Tables {
-        let dirty = self.dirty.replace(0);
-        Tables(
-            before
-                .0
-                .iter()
-                .enumerate()
-                .map(|(i, rows)| {
-                    if dirty & (1 << i) != 0 {
-                        let now = self.read(i);
-                        if now == *rows {
-                            rows.clone()
-                        } else {
-                            now
+    /// The table hashes after writes to the `dirty` tables, given the hashes
+    /// before them (`None`: every table is read).
+    pub fn hash_tables(&self, before: Option<&TableHashes>, dirty: u64) -> TableHashes {
+        self.tables
+            .iter()
+            .enumerate()
+            .map(|(i, table)| match before {
+                Some(b) if dirty & (1 << i) == 0 => b[i],
+                _ => {
+                    let mut h = Wide::new();
+                    table.name.hash(&mut h);
+                    for row in self.sqlite.exec(&table.select, &[]).expect("read table") {
+                        for value in &row {
+                            hash_value(value, &mut h);
                         }
-                    } else {
-                        rows.clone()
+                        0xffu8.hash(&mut h);
                     }
-                })
-                .collect(),
-        )
-    }
-
-    /// Makes the database hold `target`, given that it holds `live`.
-    /// Returns true when the documents table was rewritten.
-    pub fn restore(&self, live: &Tables, target: &Tables) -> bool {
-        let mut documents = false;
-        self.sqlite
-            .atomically(|| {
-                for (i, table) in self.tables.iter().enumerate() {
-                    let (a, b) = (&live.0[i], &target.0[i]);
-                    if Rc::ptr_eq(a, b) || a == b {
-                        continue;
-                    }
-                    documents |= table.name == "documents";
-                    self.sqlite
-                        .exec(&format!("DELETE FROM {}", table.name), &[])?;
-                    let marks = vec!["?"; table.columns].join(", ");
-                    let insert = format!("INSERT INTO {} VALUES ({marks})", table.name);
-                    for row in b.iter() {
-                        self.sqlite.exec(&insert, row)?;
-                    }
+                    h.finish128()
                 }
-                Ok::<_, StoreError>(())
             })
-            .expect("restore");
-        self.dirty.set(0);
-        documents
+            .collect()
     }
 
-    /// Feeds the decision-relevant content of `tables` to `state`.
-    pub fn hash(&self, tables: &Tables, state: &mut impl Hasher) {
-        for (table, rows) in self.tables.iter().zip(&tables.0) {
-            table.name.hash(state);
-            for row in rows.iter() {
-                if table.name == "counters"
-                    && row
-                        .first()
-                        .and_then(Value::as_text)
-                        .is_some_and(|n| IGNORED_COUNTERS.contains(&n))
-                {
-                    continue;
-                }
-                for (value, hashed) in row.iter().zip(&table.hashed) {
-                    if *hashed {
-                        hash_value(value, state);
-                    }
-                }
-                0xffu8.hash(state);
-            }
-        }
+    /// Opens a savepoint: [`Db::rollback`] returns to what is stored now.
+    pub fn savepoint(&self) {
+        self.sqlite
+            .exec("SAVEPOINT model_step", &[])
+            .expect("savepoint");
+    }
+
+    /// Undoes everything since the newest open [`Db::savepoint`] and closes it.
+    pub fn rollback(&self) {
+        self.sqlite
+            .exec("ROLLBACK TO model_step", &[])
+            .expect("rollback");
+        self.sqlite
+            .exec("RELEASE model_step", &[])
+            .expect("release");
+        self.dirty.set(0);
+        self.decisions.set(false);
+    }
+
+    /// True (once) when the engine wrote decisions since the last call.
+    pub fn take_decisions(&self) -> bool {
+        self.decisions.replace(false)
     }
 
     /// Empties the decisions table (its rows were read for the checker).
@@ -231,9 +278,47 @@ impl Db {
             .expect("clear decisions");
     }
 
+    /// How many statements the least used armed plant rewrote (0 when a
+    /// plant never matched; `u64::MAX` with none armed).
+    pub fn fired(&self) -> u64 {
+        self.plants
+            .iter()
+            .map(|(_, n)| n.get())
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
     /// The underlying store, for reads that bypass the plant.
     pub fn sqlite(&self) -> &SqliteStore {
         &self.sqlite
+    }
+}
+
+/// A 128-bit hash from two differently seeded SipHashers.
+pub struct Wide(
+    std::collections::hash_map::DefaultHasher,
+    std::collections::hash_map::DefaultHasher,
+);
+
+impl Wide {
+    pub fn new() -> Self {
+        let mut h = Wide(Default::default(), Default::default());
+        h.1.write_u8(0x5a);
+        h
+    }
+
+    pub fn finish128(&self) -> u128 {
+        (u128::from(self.0.finish()) << 64) | u128::from(self.1.finish())
+    }
+}
+
+impl Hasher for Wide {
+    fn finish(&self) -> u64 {
+        self.0.finish()
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.write(bytes);
+        self.1.write(bytes);
     }
 }
 
@@ -258,11 +343,11 @@ fn hash_value(value: &Value, state: &mut impl Hasher) {
 impl Store for ModelStore {
     fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
         let db = &self.0;
-        let stmt = db.stmt(sql);
-        db.mark(&stmt);
-        if let Some(plant) = db.plant {
-            if let Some(rewrite) = plant.apply(&stmt, sql, params, &db.sqlite) {
-                db.fired.set(db.fired.get() + 1);
+        let (verb, table) = Stmt::head(sql);
+        db.mark(verb, &table);
+        for (plant, fired) in &db.plants {
+            if let Some(rewrite) = plant.apply(&db.stmt(sql), sql, params) {
+                fired.set(fired.get() + 1);
                 return match rewrite {
                     Rewrite::Drop => Ok(Vec::new()),
                     Rewrite::Run(sql, params) => db.sqlite.exec(&sql, &params),
@@ -272,10 +357,24 @@ impl Store for ModelStore {
         db.sqlite.exec(sql, params)
     }
 
+    /// A savepoint, so that a unit nests inside the search's savepoints;
+    /// a failed unit is rolled back as a transaction would be.
     fn atomically<T, E: From<StoreError>>(
         &self,
         work: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
-        self.0.sqlite.atomically(work)
+        let sqlite = &self.0.sqlite;
+        sqlite.exec("SAVEPOINT unit", &[])?;
+        match work() {
+            Ok(value) => {
+                sqlite.exec("RELEASE unit", &[])?;
+                Ok(value)
+            }
+            Err(e) => {
+                sqlite.exec("ROLLBACK TO unit", &[])?;
+                sqlite.exec("RELEASE unit", &[])?;
+                Err(e)
+            }
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! explored twice, and iterative deepening for the shortest action sequence
 //! that breaks an invariant.
 //!
-//! States are restored from snapshots (see [`crate::db`]); [`replay`] runs an
+//! States are returned to by savepoint rollbacks (see [`crate::db`]); [`replay`] runs an
 //! action list on a fresh database instead, which is how a counterexample is
 //! confirmed and how `CALLFENCE_MODEL_REPLAY` reproduces one.
 
@@ -23,6 +23,16 @@ pub struct Stats {
     /// The longest action sequence followed.
     pub depth: usize,
     pub elapsed: Duration,
+    /// CPU time of the searching thread (None where Linux's
+    /// `/proc/thread-self/schedstat` is unavailable).
+    pub cpu: Option<Duration>,
+}
+
+/// The calling thread's CPU time so far.
+fn thread_cpu() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
 /// A broken invariant and the actions that reach it.
@@ -41,6 +51,10 @@ struct Frame {
 
 /// Explores every state reachable within `limit` actions (all of them when
 /// `None`), stopping at the first new violation `wanted` accepts.
+///
+/// The database always holds the top frame's state: an action is applied
+/// inside a savepoint, which stays open while its state is explored and is
+/// rolled back when the search returns from it.
 pub fn search(
     bounds: &Bounds,
     plant: Option<&'static Plant>,
@@ -48,6 +62,7 @@ pub fn search(
     wanted: &dyn Fn(&Violation) -> bool,
 ) -> (Stats, Option<Found>, u64) {
     let started = Instant::now();
+    let cpu_start = thread_cpu();
     let (mut model, root) = Model::new(bounds.clone(), plant);
     let mut visited: HashMap<u128, usize> = HashMap::new();
     visited.insert(model.hash(&root), 0);
@@ -55,7 +70,6 @@ pub fn search(
         states: 1,
         ..Stats::default()
     };
-    let mut live = root.clone();
     let mut frames = vec![Frame {
         actions: model.actions(&root),
         state: root,
@@ -64,21 +78,24 @@ pub fn search(
     }];
     let mut found = None;
     let progress = std::env::var_os("CALLFENCE_MODEL_PROGRESS").is_some();
-    while !frames.is_empty() {
-        let depth = frames.len();
-        let top = &mut frames[depth - 1];
+    while let Some(top) = frames.last_mut() {
         if top.next == top.actions.len() {
             frames.pop();
+            if let Some(parent) = frames.last() {
+                model.db.rollback();
+                model.restore(&parent.state);
+            }
             continue;
         }
         let action = top.actions[top.next];
         top.next += 1;
+        let depth = frames.len();
         let top = &frames[depth - 1];
-        model.restore(&live, &top.state);
+        model.db.savepoint();
         let child = model.apply(&top.state, action);
         stats.transitions += 1;
         stats.depth = stats.depth.max(depth);
-        if progress && stats.transitions.is_multiple_of(20_000) {
+        if progress && stats.transitions.is_multiple_of(100_000) {
             eprintln!(
                 "model check: {} states, {} transitions, depth {} (now {}), {:.0} s",
                 stats.states,
@@ -98,17 +115,23 @@ pub fn search(
             });
             break;
         }
-        live = child.clone();
         let hash = model.hash(&child);
-        match visited.get(&hash) {
-            Some(d) if limit.is_none() || *d <= depth => continue,
-            Some(_) => {}
-            None => stats.states += 1,
-        }
-        visited.insert(hash, depth);
-        if limit.is_some_and(|l| depth >= l) {
+        let explore = match visited.get(&hash) {
+            Some(d) => limit.is_some() && *d > depth,
+            None => {
+                stats.states += 1;
+                true
+            }
+        };
+        if !explore || limit.is_some_and(|l| depth >= l) {
+            if explore {
+                visited.insert(hash, depth);
+            }
+            model.db.rollback();
+            model.restore(&top.state);
             continue;
         }
+        visited.insert(hash, depth);
         frames.push(Frame {
             actions: model.actions(&child),
             state: child,
@@ -117,12 +140,16 @@ pub fn search(
         });
     }
     stats.elapsed = started.elapsed();
-    (stats, found, model.db.fired.get())
+    stats.cpu = thread_cpu()
+        .zip(cpu_start)
+        .map(|(end, start)| end.saturating_sub(start));
+    (stats, found, model.db.fired())
 }
 
 /// The shortest action sequence (at most `max` long) that makes the
 /// checker report a violation `wanted` accepts, by iterative deepening.
-/// Also returns how often the plant's matcher fired over all iterations.
+/// Also returns how often the least used matcher of the plant fired in
+/// the deepest iteration.
 pub fn shortest(
     bounds: &Bounds,
     plant: Option<&'static Plant>,
@@ -132,7 +159,7 @@ pub fn shortest(
     let mut fired = 0;
     for limit in 1..=max {
         let (_, found, f) = search(bounds, plant, Some(limit), wanted);
-        fired += f;
+        fired = fired.max(f);
         if found.is_some() {
             return (found, fired);
         }

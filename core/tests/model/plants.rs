@@ -8,8 +8,7 @@
 //! matches anything makes its test fail (`fired == 0`), it never passes
 //! silently.
 
-use callfence_core::store::sqlite::SqliteStore;
-use callfence_core::store::{Store, Value};
+use callfence_core::store::Value;
 
 /// What a statement does, as far as the table and the dirty-table tracking
 /// care.
@@ -44,13 +43,48 @@ pub struct Stmt {
 }
 
 impl Stmt {
+    /// Its verb and the table it writes (or reads first), from its first
+    /// words only.
+    pub fn head(sql: &str) -> (Verb, String) {
+        let mut words = sql.split_whitespace();
+        let mut next = || words.next().unwrap_or("");
+        let (verb, skip) = match next().to_ascii_uppercase().as_str() {
+            "SELECT" => (Verb::Select, None),
+            "INSERT" | "REPLACE" => (Verb::Insert, Some("INTO")),
+            "UPDATE" => (Verb::Update, None),
+            "DELETE" => (Verb::Delete, Some("FROM")),
+            _ => (Verb::Other, None),
+        };
+        let table = match verb {
+            Verb::Insert | Verb::Delete => loop {
+                let w = next();
+                if w.is_empty() || skip.is_some_and(|s| w.eq_ignore_ascii_case(s)) {
+                    break next();
+                }
+            },
+            Verb::Update => match next() {
+                w if w.eq_ignore_ascii_case("OR") => {
+                    next();
+                    next()
+                }
+                w => w,
+            },
+            Verb::Select | Verb::Other => "",
+        };
+        let table = table.split('(').next().unwrap_or("").to_ascii_lowercase();
+        (verb, table)
+    }
+
     pub fn parse(sql: &str) -> Self {
         let s = sql.trim_start();
         let upper = s.to_ascii_uppercase();
         let words: Vec<&str> = upper.split_whitespace().collect();
         let word = |i: usize| words.get(i).copied().unwrap_or("");
         let (verb, table_word) = match word(0) {
-            "SELECT" => (Verb::Select, None),
+            "SELECT" => (
+                Verb::Select,
+                words.iter().position(|w| *w == "FROM").map(|i| i + 1),
+            ),
             "INSERT" | "REPLACE" => {
                 let at = words.iter().position(|w| *w == "INTO").map(|i| i + 1);
                 (Verb::Insert, at)
@@ -194,9 +228,15 @@ fn insert_pairs(sql: &str, upper: &str) -> Vec<(String, Operand)> {
 pub enum Effect {
     /// Skips it: the write is lost.
     Drop,
-    /// Skips it when a row with the same value of `key` already exists
-    /// (updates lost, first writes kept).
-    DropIfRowExists { key: &'static str },
+    /// Runs it without the `SET` items that assign these columns (and
+    /// without their parameters): the guard and the `RETURNING` row stay, the
+    /// write of those columns is lost.
+    DropAssigns(&'static [&'static str]),
+    /// Runs it with `from` replaced by `to` (not fired when `from` is absent).
+    Replace {
+        from: &'static str,
+        to: &'static str,
+    },
     /// Overwrites the newest row instead of adding one: `INSERT OR REPLACE`
     /// with the assigned column one lower.
     OverwritePrevious,
@@ -211,11 +251,15 @@ pub struct Plant {
     pub finds: &'static str,
     pub verb: Verb,
     pub table: &'static str,
-    /// A column the statement must assign.
-    pub column: &'static str,
+    /// A column the statement must assign (`None` for a read: matched on
+    /// its verb, table and the effect's fragment only).
+    pub column: Option<&'static str>,
     /// The value it must assign to `column` (a literal or a parameter), if any.
     pub value: Option<&'static str>,
     pub effect: Effect,
+    /// Another plant armed with this one: a bug that only shows behind a
+    /// second fault (the checker's tests say why).
+    pub with: Option<&'static str>,
 }
 
 /// Every planted bug. The model's tests run each one.
@@ -225,54 +269,80 @@ pub const PLANTS: &[Plant] = &[
         finds: "SecondFence",
         verb: Verb::Update,
         table: "sessions",
-        column: "fence_node",
+        column: Some("fence_node"),
         value: None,
-        effect: Effect::Drop,
+        effect: Effect::DropAssigns(&["fence_node", "fence_epoch", "fence_at", "command_id"]),
+        with: None,
     },
     Plant {
         name: "ambiguous_mark_forgotten",
         finds: "MovedAfterAmbiguous",
         verb: Verb::Update,
         table: "sessions",
-        column: "ambiguous_epoch",
+        column: Some("ambiguous_epoch"),
         value: None,
         effect: Effect::Drop,
+        with: None,
     },
     Plant {
         name: "delivery_not_recorded",
         finds: "ForwardedAfterDelivery",
         verb: Verb::Update,
         table: "events",
-        column: "state",
+        column: Some("state"),
         value: Some("delivered"),
         effect: Effect::Drop,
+        with: None,
     },
     Plant {
         name: "heartbeat_updates_lost",
         finds: "IneligibleChosen",
         verb: Verb::Insert,
         table: "heartbeats",
-        column: "node",
+        column: Some("node"),
         value: None,
-        effect: Effect::DropIfRowExists { key: "node" },
+        // The upsert keeps the new seq and loses the rest of the beat.
+        effect: Effect::DropAssigns(&["body", "body_sha256", "received_at", "signed_at", "answer"]),
+        with: None,
     },
     Plant {
         name: "revision_not_bumped",
         finds: "StaleWriteChangedState",
         verb: Verb::Insert,
         table: "documents",
-        column: "revision",
+        column: Some("revision"),
         value: None,
         effect: Effect::OverwritePrevious,
+        with: None,
     },
     Plant {
         name: "epoch_counter_not_advanced",
         finds: "EpochNotIncreasing",
         verb: Verb::Insert,
         table: "counters",
-        column: "name",
+        column: Some("name"),
         value: Some("epoch"),
-        effect: Effect::Drop,
+        // The other counters of the statement still advance.
+        effect: Effect::Replace {
+            from: "value = value + 1",
+            to: "value = value + (name IS NOT 'epoch')",
+        },
+        with: None,
+    },
+    Plant {
+        name: "report_epoch_unchecked",
+        finds: "StaleReportChangedState",
+        verb: Verb::Select,
+        table: "events",
+        column: None,
+        value: None,
+        // The report's epoch guard, in the read every report starts with,
+        // made always true (the parameter stays bound).
+        effect: Effect::Replace {
+            from: "(s.epoch IS ?2 AND e.epoch IS ?2)",
+            to: "(?2 IS ?2)",
+        },
+        with: Some("ambiguous_mark_forgotten"),
     },
 ];
 
@@ -290,19 +360,26 @@ fn param<'a>(params: &'a [Value], operand: Option<&Operand>) -> Option<&'a Value
 }
 
 impl Plant {
+    /// This plant and the one it is armed with.
+    pub fn armed(&'static self) -> Vec<&'static Plant> {
+        let mut out = vec![self];
+        out.extend(
+            self.with
+                .map(|name| PLANTS.iter().find(|p| p.name == name).expect("a plant")),
+        );
+        out
+    }
+
     /// The rewrite of `sql`, or `None` when the plant leaves it alone.
-    pub fn apply(
-        &self,
-        stmt: &Stmt,
-        sql: &str,
-        params: &[Value],
-        db: &SqliteStore,
-    ) -> Option<Rewrite> {
+    pub fn apply(&self, stmt: &Stmt, sql: &str, params: &[Value]) -> Option<Rewrite> {
         if stmt.verb != self.verb || stmt.table != self.table {
             return None;
         }
-        let assigned = stmt.assigned(self.column)?;
-        if let Some(want) = self.value {
+        let assigned = match self.column {
+            Some(column) => Some(stmt.assigned(column)?),
+            None => None,
+        };
+        if let (Some(want), Some(assigned)) = (self.value, assigned) {
             let matches = match assigned {
                 Operand::Text(t) => t == want,
                 Operand::Param(_) => {
@@ -315,18 +392,15 @@ impl Plant {
         }
         match self.effect {
             Effect::Drop => Some(Rewrite::Drop),
-            Effect::DropIfRowExists { key } => {
-                let value = param(params, stmt.assigned(key).or(stmt.filtered(key)))?;
-                let rows = db
-                    .exec(
-                        &format!("SELECT 1 FROM {} WHERE {key} = ?", self.table),
-                        std::slice::from_ref(value),
-                    )
-                    .ok()?;
-                (!rows.is_empty()).then_some(Rewrite::Drop)
+            Effect::DropAssigns(columns) => {
+                let (sql, params) = drop_assigns(sql, params, columns)?;
+                Some(Rewrite::Run(sql, params))
             }
+            Effect::Replace { from, to } => sql
+                .contains(from)
+                .then(|| Rewrite::Run(sql.replace(from, to), params.to_vec())),
             Effect::OverwritePrevious => {
-                let Operand::Param(at) = assigned else {
+                let Some(Operand::Param(at)) = assigned else {
                     return None;
                 };
                 let mut params = params.to_vec();
@@ -341,6 +415,59 @@ impl Plant {
             }
         }
     }
+}
+
+/// `sql` without the items of its (first) `SET` clause that assign one of
+/// `columns`, and `params` without the `?`s of those items; `None` when it
+/// assigns none of them.
+fn drop_assigns(sql: &str, params: &[Value], columns: &[&str]) -> Option<(String, Vec<Value>)> {
+    let upper = sql.to_ascii_uppercase();
+    let set = find(&upper, " SET ")? + 5;
+    let end = find(&upper[set..], " WHERE ").map_or(sql.len(), |w| set + w);
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0i32, set);
+    for (i, b) in sql.bytes().enumerate().take(end).skip(set) {
+        match b {
+            b'(' => depth += 1,
+            b')' => depth -= 1,
+            b',' if depth == 0 => {
+                items.push(start..i);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(start..end);
+    let mut kept = Vec::new();
+    let mut dropped = Vec::new();
+    let mut removed = 0;
+    for item in items {
+        let text = &sql[item.clone()];
+        let lhs = text
+            .split('=')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if columns.contains(&lhs.as_str()) {
+            removed += 1;
+            let before = sql[..item.start].matches('?').count();
+            dropped.extend(before..before + text.matches('?').count());
+        } else {
+            kept.push(text.trim());
+        }
+    }
+    if removed == 0 {
+        return None;
+    }
+    let rewritten = format!("{}{}{}", &sql[..set], kept.join(", "), &sql[end..]);
+    let params = params
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !dropped.contains(i))
+        .map(|(_, v)| v.clone())
+        .collect();
+    Some((rewritten, params))
 }
 
 #[cfg(test)]
@@ -367,6 +494,22 @@ mod tests {
         let s = Stmt::parse("UPDATE sessions SET fence_node = ?, state = CASE WHEN state = 'assigned' THEN 'answered' ELSE state END, updated_at = ? WHERE call_session_id = ? AND fence_node IS NULL AND owner = ?");
         assert_eq!(s.filtered("owner"), Some(&Operand::Param(3)));
         assert_eq!(Stmt::parse("SELECT 1 FROM events").verb, Verb::Select);
+        for sql in [
+            "INSERT INTO counters (name, value) VALUES (?, 1)",
+            "INSERT OR REPLACE INTO counters(name) VALUES (?)",
+            "UPDATE counters SET value = 1",
+            "UPDATE OR IGNORE counters SET value = 1",
+            "DELETE FROM counters WHERE name = ?",
+            "SELECT 1 FROM counters",
+            "WITH x AS (SELECT 1) UPDATE counters SET value = 1",
+        ] {
+            let parsed = Stmt::parse(sql);
+            let (verb, table) = Stmt::head(sql);
+            assert_eq!(verb, parsed.verb, "{sql}");
+            if verb != Verb::Select {
+                assert_eq!(table, parsed.table, "{sql}");
+            }
+        }
         assert_eq!(
             Stmt::parse("WITH x AS (SELECT 1) UPDATE events SET a = 1").verb,
             Verb::Other

@@ -10,12 +10,12 @@
 use crate::common::checker::{Checker, Observation};
 use crate::common::fixtures::{self, BeatSpec, Keys, T0};
 use crate::common::observe;
-use crate::db::{Db, ModelStore, Tables};
+use crate::db::{Db, ModelStore, TableHashes, Wide};
 use crate::plants::Plant;
 use callfence_core::document::DocKind;
 use callfence_core::engine::{
-    Caller, ClaimRequest, Engine, EngineConfig, FenceReply, FenceRequest, Forward, Ingress, Report,
-    ReportEffect, ReportedAnswer,
+    Caches, Caller, ClaimRequest, Engine, EngineConfig, FenceReply, FenceRequest, Forward, Ingress,
+    Report, ReportEffect, ReportedAnswer,
 };
 use callfence_core::heartbeat::Mode;
 use callfence_core::store::{Store, Value};
@@ -23,7 +23,7 @@ use callfence_core::telnyx::Envelope;
 use serde_json::json;
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::rc::Rc;
 
 /// A node-signed request's caller, with the key id the fixtures register.
@@ -468,7 +468,9 @@ pub struct Harness {
 pub struct State {
     pub harness: Harness,
     pub checker: Checker,
-    pub tables: Tables,
+    pub tables: TableHashes,
+    /// The engine's in-memory caches in this state.
+    pub caches: Caches,
 }
 
 /// A verified webhook's envelope and the Telnyx headers stored with it.
@@ -526,22 +528,6 @@ fn policy(variant: u8) -> Vec<u8> {
     .into_bytes()
 }
 
-/// A 128-bit state hash from two differently seeded SipHashers.
-struct Wide(
-    std::collections::hash_map::DefaultHasher,
-    std::collections::hash_map::DefaultHasher,
-);
-
-impl Hasher for Wide {
-    fn finish(&self) -> u64 {
-        self.0.finish()
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        self.0.write(bytes);
-        self.1.write(bytes);
-    }
-}
-
 impl Model {
     /// The engine on a fresh database with both documents written, and the
     /// initial state. `plant` arms one planted bug.
@@ -579,6 +565,8 @@ impl Model {
             }
         }
         db.clear_decisions();
+        db.take_dirty();
+        db.take_decisions();
         let mut checker = Checker::default();
         checker.step(&[], observe::snapshot(db.sqlite()));
         let state = State {
@@ -596,7 +584,8 @@ impl Model {
                 docs: [(1, 0), (1, 0)],
             },
             checker,
-            tables: db.capture_all(),
+            tables: db.hash_tables(None, u64::MAX),
+            caches: engine.caches(),
         };
         let model = Self {
             bounds,
@@ -611,24 +600,22 @@ impl Model {
     }
 
     /// The state's 128-bit hash: its tables (decision-relevant columns), the
-    /// harness and the checker's history.
+    /// harness and the checker's history. The engine's caches are left out:
+    /// the real engine's caches agree with its tables (a restart, which
+    /// empties them, is in the harness), so only a planted bug that breaks
+    /// that agreement could make two states equal here behave differently.
     pub fn hash(&self, state: &State) -> u128 {
-        let mut h = Wide(Default::default(), Default::default());
-        h.1.write_u8(0x5a);
-        self.db.hash(&state.tables, &mut h);
+        let mut h = Wide::new();
+        state.tables.hash(&mut h);
         state.harness.hash(&mut h);
         state.checker.hash_history(&mut h);
-        (u128::from(h.0.finish()) << 64) | u128::from(h.1.finish())
+        h.finish128()
     }
 
-    /// Makes the database hold `target` (it holds `live`), with a fresh
-    /// engine when the documents changed under its cache or `target` is
-    /// just after a restart.
-    pub fn restore(&mut self, live: &State, target: &State) {
-        let documents = self.db.restore(&live.tables, &target.tables);
-        if documents || target.harness.cold {
-            self.engine = Engine::new(ModelStore(self.db.clone()), self.config.clone());
-        }
+    /// Gives the engine `target`'s caches; the search has already returned
+    /// the database to `target` ([`Db::rollback`]).
+    pub fn restore(&mut self, target: &State) {
+        self.engine.set_caches(target.caches.clone());
     }
 
     fn scalar(&self, sql: &str, params: &[Value]) -> Option<i64> {
@@ -829,6 +816,8 @@ impl Model {
     /// Applies `action` to `state`, which the database holds; afterwards the
     /// database holds the returned state.
     pub fn apply(&mut self, state: &State, action: Action) -> State {
+        self.db.take_dirty();
+        self.db.take_decisions();
         let mut h = state.harness.clone();
         let mut checker = state.checker.clone();
         let mut obs = Vec::new();
@@ -1044,17 +1033,23 @@ impl Model {
             }
             .map(|a| a - T0);
         }
-        let (evidence, _) = observe::new_assignments(self.db.sqlite(), 0, |node, at| {
-            Self::truly_eligible(&h, node, at)
+        let dirty = self.db.take_dirty();
+        if self.db.take_decisions() {
+            let (evidence, _) = observe::new_assignments(self.db.sqlite(), 0, |node, at| {
+                Self::truly_eligible(&h, node, at)
+            });
+            obs.extend(evidence.into_iter().map(Observation::Assignment));
+            self.db.clear_decisions();
+        }
+        let after = observe::snapshot_since(self.db.sqlite(), state.checker.last(), |t| {
+            self.db.wrote(dirty, t)
         });
-        obs.extend(evidence.into_iter().map(Observation::Assignment));
-        self.db.clear_decisions();
-        checker.step(&obs, observe::snapshot(self.db.sqlite()));
-        let tables = self.db.capture(&state.tables);
+        checker.step(&obs, after);
         State {
             harness: h,
             checker,
-            tables,
+            tables: self.db.hash_tables(Some(&state.tables), dirty),
+            caches: self.engine.caches(),
         }
     }
 }

@@ -2,10 +2,18 @@
 
 use super::{int, text, AlarmFacts, NewEvent, Queries, Received, ALARM_FACTS};
 use crate::engine::rows::{
-    event_at, payload_at, session_at, EventRow, Payload, SessionRow, EVENT_COLUMNS,
+    event_at, payload_at, session_at, EventRow, Payload, SessionRow, EVENT_COLUMNS, SESSION_COLUMNS,
 };
 use crate::engine::EngineError;
 use crate::store::{Store, Value};
+
+/// What a report is applied to ([`Queries::reported_event`]).
+pub(crate) struct ReportedEvent {
+    pub event: EventRow,
+    pub session: Option<SessionRow>,
+    /// The report's epoch is both the session's and the event's.
+    pub current: bool,
+}
 
 impl<S: Store> Queries<'_, S> {
     /// An event without its payload.
@@ -17,13 +25,18 @@ impl<S: Store> Queries<'_, S> {
             .transpose()
     }
 
-    /// An event and its session, in one read.
-    pub(crate) fn event_with_session(
+    /// A reported event, its session, and whether `epoch` is current: the
+    /// session's epoch and the event's latest attempt's. The epoch guard of
+    /// a report is this read's `current` column, so that a report's every
+    /// effect hangs on one stated condition of the unit's first read.
+    pub(crate) fn reported_event(
         &self,
         id: &str,
-    ) -> Result<Option<(EventRow, Option<SessionRow>)>, EngineError> {
-        let sql = concat!("SELECT ", event_cols_e!(), ", ", session_cols_s!(), " FROM events e LEFT JOIN sessions s ON s.call_session_id = e.call_session_id WHERE e.event_id = ?");
-        let rows = self.run(sql, &[id.into()])?;
+        epoch: u64,
+    ) -> Result<Option<ReportedEvent>, EngineError> {
+        let sql = concat!("SELECT ", event_cols_e!(), ", ", session_cols_s!(), ", (s.epoch IS ?2 AND e.epoch IS ?2) \
+             FROM events e LEFT JOIN sessions s ON s.call_session_id = e.call_session_id WHERE e.event_id = ?1");
+        let rows = self.run(sql, &[id.into(), epoch.into()])?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -32,7 +45,12 @@ impl<S: Store> Queries<'_, S> {
             Some(Value::Text(_)) => Some(session_at(row, EVENT_COLUMNS)?),
             _ => None,
         };
-        Ok(Some((event, session)))
+        let current = int(row, EVENT_COLUMNS + SESSION_COLUMNS) == Some(1);
+        Ok(Some(ReportedEvent {
+            event,
+            session,
+            current,
+        }))
     }
 
     /// The stored body and headers of an event.
