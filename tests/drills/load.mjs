@@ -114,16 +114,42 @@ export async function runLoad(stack, opts) {
  * Reads the edge's views of `sessions` through the paged admin reads: every
  * call (`GET /v1/calls`, the `GET /v1/calls/{id}` shape) and, unless
  * `withDecisions` is false, every decision (`GET /v1/decisions?after=`).
+ * A release without the paged reads (the rollback drill's previous one
+ * answers 404) is read call by call instead.
  */
 export async function collect(stack, sessions, { withDecisions = true } = {}) {
   const want = new Set(sessions);
   const { edge, keys } = stack.cluster;
   const calls = {};
-  for (const call of await readPages(edge, keys.adminToken, "/v1/calls", "calls")) {
+  let paged;
+  try {
+    paged = await readPages(edge, keys.adminToken, "/v1/calls", "calls");
+  } catch (e) {
+    if (e.status !== 404) throw e;
+    return collectOneByOne(stack, sessions, withDecisions);
+  }
+  for (const call of paged) {
     if (want.has(call.call_session_id)) calls[call.call_session_id] = call;
   }
   const decisions = withDecisions
     ? (await readPages(edge, keys.adminToken, "/v1/decisions", "decisions", { after: 0, limit: 500 })).filter((d) => want.has(d.call_session_id))
     : [];
+  return { calls, decisions };
+}
+
+/** `collect` with `GET /v1/calls/{id}` and `/v1/decisions?call_session_id=` per call, 6 at a time. */
+async function collectOneByOne(stack, sessions, withDecisions) {
+  const calls = {};
+  const decisions = [];
+  const queue = [...sessions];
+  async function worker() {
+    while (queue.length) {
+      const s = queue.shift();
+      const view = await stack.cluster.call(s);
+      if (view.status === 200) calls[s] = view.body;
+      if (withDecisions) decisions.push(...(await stack.cluster.decisions(s)));
+    }
+  }
+  await Promise.all(Array.from({ length: 6 }, worker));
   return { calls, decisions };
 }

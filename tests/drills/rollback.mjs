@@ -118,6 +118,8 @@ export function routeTable(stack, session) {
     "GET /v1/status": async () => ({ status: await get("/v1/status"), expect: [200] }),
     "GET /v1/decisions": async () => ({ status: await get(`/v1/decisions?call_session_id=${encodeURIComponent(session())}`), expect: [200] }),
     "GET /v1/calls/{call_session_id}": async () => ({ status: await get(`/v1/calls/${encodeURIComponent(session())}`), expect: [200] }),
+    "GET /v1/calls": async () => ({ status: await get("/v1/calls?limit=1"), expect: [200] }),
+    "GET /v1/events": async () => ({ status: await get("/v1/events?limit=1"), expect: [200] }),
     "GET /v1/health": async () => ({ status: await get("/v1/health"), expect: [200] }),
     "GET /v1/keys": async () => ({ status: await get("/v1/keys", {}), expect: [200] }),
     "GET /healthz": async () => ({ status: await get("/healthz", {}), expect: [200] }),

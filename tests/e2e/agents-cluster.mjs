@@ -22,7 +22,7 @@
 // carries the public probe URL to the agent, answers 502).
 
 import { spawn, spawnSync } from "node:child_process";
-import { createHash, sign as cryptoSign } from "node:crypto";
+import { createHash, randomInt, sign as cryptoSign } from "node:crypto";
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import { createServer as createNetServer } from "node:net";
@@ -112,13 +112,37 @@ function describe(value) {
   }
 }
 
-/** A free loopback port (free when asked). */
+/**
+ * A free loopback port (free when asked) below the kernel's ephemeral range.
+ * A port the kernel hands out for `listen(0)` comes from the same range as
+ * the source ports of outgoing connections, and a drill opens thousands of
+ * those: one could take the port between this call and the process that
+ * listens on it ("Address already in use"). Below the range, only another
+ * listener can.
+ */
 export async function freePort() {
+  const [low] = readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/).map(Number);
+  const min = 10_000;
+  const max = Number.isInteger(low) && low > min + 1_000 ? low - 1 : 0;
+  for (let attempt = 0; max && attempt < 200; attempt += 1) {
+    const port = min + randomInt(max - min + 1);
+    if (await canListen(port)) return port;
+  }
+  // No room below the range on this machine: the kernel's pick.
+  return canListen(0);
+}
+
+/** Listens on `port` (0: any) on loopback and closes; the port, or 0 when taken. */
+async function canListen(port) {
   const server = createNetServer();
-  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address();
+  const ok = await new Promise((resolve) => {
+    server.once("error", () => resolve(false));
+    server.listen(port, "127.0.0.1", () => resolve(true));
+  });
+  if (!ok) return 0;
+  const bound = server.address().port;
   await new Promise((resolve) => server.close(resolve));
-  return port;
+  return bound;
 }
 
 /** SPEC §8: the deterministic answer command_id. */

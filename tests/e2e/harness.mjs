@@ -397,7 +397,8 @@ export async function startOrigin({ node, edgeKeys, telnyxPublicKey, path = "/ca
  * `/v1/decisions?after=`): follows `next` from `after` (omitted when
  * undefined) until it is null. `key` names the list in each page; a page
  * answered other than 200, or not at all, is retried up to 5 times, then
- * throws.
+ * throws. A 404 (a release without the paged read) throws at once, with
+ * `status` 404 on the error.
  */
 export async function readPages(edge, tokenValue, path, key, { after, limit = 100 } = {}) {
   const items = [];
@@ -410,7 +411,9 @@ export async function readPages(edge, tokenValue, path, key, { after, limit = 10
         .fetch(`${path}?${query}`, { headers: bearer(tokenValue) })
         .then(read, (e) => ({ status: 0, body: `network: ${e.cause?.code ?? e.name}` }));
       if (page.status === 200) break;
-      if (attempt >= 5) throw new Error(`GET ${path}?${query}: ${page.status} ${JSON.stringify(page.body)}`);
+      if (page.status === 404 || attempt >= 5) {
+        throw Object.assign(new Error(`GET ${path}?${query}: ${page.status} ${JSON.stringify(page.body)}`), { status: page.status });
+      }
       await new Promise((resolve) => setTimeout(resolve, 200 * attempt));
     }
     items.push(...page.body[key]);
