@@ -25,7 +25,7 @@ mod explore;
 mod plants;
 mod scenario;
 
-use explore::{search, shortest, Found};
+use explore::{search_parallel, shortest, Found};
 use plants::{Plant, PLANTS};
 use scenario::{format_actions, parse_actions, Bounds};
 
@@ -49,8 +49,9 @@ fn print_counterexample(bounds: &Bounds, plant: Option<&Plant>, found: &Found) {
 #[test]
 fn every_reachable_state_holds_every_invariant() {
     let bounds = Bounds::from_env("smoke");
-    println!("model check bounds: {bounds}");
-    let (stats, found, _) = search(&bounds, None, None, &|_| true);
+    let threads = explore::threads();
+    println!("model check bounds: {bounds}; {threads} threads");
+    let (stats, found) = search_parallel(&bounds, threads);
     if let Some(found) = found {
         let (shortest, _) = shortest(&bounds, None, found.path.len(), &|_| true);
         print_counterexample(&bounds, None, shortest.as_ref().unwrap_or(&found));
@@ -67,7 +68,7 @@ fn every_reachable_state_holds_every_invariant() {
     let wall = stats.elapsed.as_secs_f64();
     let cpu = stats.cpu.map_or(wall, |c| c.as_secs_f64());
     println!(
-        "model check took {wall:.1} s ({:.0} states/s), {cpu:.1} s of CPU ({:.0} states/s of CPU)",
+        "model check took {wall:.1} s ({:.0} states/s), {cpu:.1} s of CPU over {threads} threads ({:.0} states/s of CPU)",
         stats.states as f64 / wall.max(1e-9),
         stats.states as f64 / cpu.max(1e-9)
     );

@@ -69,10 +69,11 @@ pub struct Bounds {
 
 impl Bounds {
     /// A named preset: `full` (the default bounds, `make model-check`),
-    /// `short` (`make test`), `smoke` (a debug `cargo test`). Each bound can
-    /// then be overridden by its `CALLFENCE_MODEL_*` variable.
+    /// `large` (`full` with more of everything; it does not finish in 10
+    /// minutes here), `short` (`make test`), `smoke` (a debug `cargo test`).
+    /// Each bound can then be overridden by its `CALLFENCE_MODEL_*` variable.
     pub fn preset(name: &str) -> Self {
-        let full = Bounds {
+        let large = Bounds {
             calls: 1,
             deliveries: 3,
             hangups: 1,
@@ -83,7 +84,9 @@ impl Bounds {
             horizon_ms: 150_000,
             failover: true,
         };
+        let full = Bounds { writes: 0, ..large };
         match name {
+            "large" => large,
             "full" => full,
             "short" => Bounds {
                 calls: 1,
@@ -107,7 +110,7 @@ impl Bounds {
                 failover: false,
                 ..full
             },
-            other => panic!("unknown model preset {other:?} (full, short, smoke)"),
+            other => panic!("unknown model preset {other:?} (full, large, short, smoke)"),
         }
     }
 
