@@ -69,8 +69,9 @@ pub struct Bounds {
 
 impl Bounds {
     /// A named preset: `full` (the default bounds, `make model-check`),
-    /// `large` (`full` with more of everything; it does not finish in 10
-    /// minutes here), `short` (`make test`), `smoke` (a debug `cargo test`).
+    /// `large` (`full` with a document write and a second clock advance: the
+    /// previous `full`; it does not finish in 10 minutes here), `short`
+    /// (`make test`), `smoke` (a debug `cargo test`).
     /// Each bound can then be overridden by its `CALLFENCE_MODEL_*` variable.
     pub fn preset(name: &str) -> Self {
         let large = Bounds {
@@ -84,7 +85,11 @@ impl Bounds {
             horizon_ms: 150_000,
             failover: true,
         };
-        let full = Bounds { writes: 0, ..large };
+        let full = Bounds {
+            writes: 0,
+            advances: 1,
+            ..large
+        };
         match name {
             "large" => large,
             "full" => full,
