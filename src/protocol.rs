@@ -286,7 +286,9 @@ impl Request {
     }
 
     /// True for the operations that may change stored state (after which
-    /// the Dispatcher asks the engine when its alarm is next due).
+    /// the Dispatcher asks the engine when its alarm is next due). The
+    /// bench-only `WritesOnly` writes but answers false on purpose: it
+    /// measures an assignment's writes alone, without the alarm's work.
     pub fn changes_state(&self) -> bool {
         match self {
             Request::Webhook { .. }
