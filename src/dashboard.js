@@ -382,6 +382,8 @@ async function askDrain(node, drain) {
   delete registry.revision;
   registry.nodes[node.node].admin_drained = drain;
   const put = await api("/v1/nodes", { method: "PUT", body: registry, headers: { "If-Match": `"${revision}"` } });
+  // The tables are redrawn first, so the answer shows beside what it changed.
+  await refresh();
   if (put.status === 200) {
     result.className = "small ok";
     result.textContent = `${node.node} ${drain ? "drained" : "undrained"}: registry revision ${put.body.revision}.`;
@@ -392,7 +394,6 @@ async function askDrain(node, drain) {
     result.className = "small bad";
     result.textContent = `Not written: ${describe(put)}.`;
   }
-  await refresh();
 }
 
 // ------------------------------------------------------------ decisions ----

@@ -15,6 +15,8 @@
 //   enterToken(page, token)         types the token and waits for the views
 //   showTab(page, name)             "guide" | "nodes" | "decisions" | "editor"
 //   waitText(page, selector, re)    until the element's text matches
+//   press(page, selector)           clicks an element of a view the panel
+//                                   redraws every 5 s (see press)
 //   refreshed(page)                 the datetime of the last refresh
 //   shoot(page, name, {fullPage})   .screenshots/<name>.png (full page by default)
 //   noHorizontalScroll(page)        asserts the page is no wider than the window
@@ -107,6 +109,22 @@ export async function waitText(page, selector, re, timeout = TIMEOUT) {
     throw new Error(`${selector} never matched ${re}: ${text.slice(0, 600)}`, { cause: error });
   }
   return page.$eval(selector, (e) => e.textContent);
+}
+
+/** Clicks `selector` inside a view the panel redraws on its 5 s refresh
+ * (nodes, decisions). A redraw between puppeteer's lookup and its click
+ * detaches the element it found, and puppeteer then throws before any mouse
+ * event is sent; the click is made again on the element that replaced it. */
+export async function press(page, selector) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await page.click(selector);
+      return;
+    } catch (error) {
+      if (attempt >= 5 || !/detached|not clickable/i.test(String(error?.message))) throw error;
+      await page.waitForSelector(selector);
+    }
+  }
 }
 
 export const text = (page, selector) => page.$eval(selector, (e) => e.textContent);

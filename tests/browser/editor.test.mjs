@@ -6,7 +6,7 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { admin, putDocument, waitFor } from "../e2e/fixtures.mjs";
-import { browserSuite, enterToken, refreshed, shoot, showTab, text, waitText } from "./browser.mjs";
+import { browserSuite, enterToken, press, refreshed, shoot, showTab, text, waitText } from "./browser.mjs";
 import { CALLER, SALES, beat, call, cluster } from "./panel.mjs";
 
 const HOUR = 3600e3;
@@ -200,7 +200,7 @@ describe("the panel: policy editor and decision viewer", () => {
     await waitFor(async () => (await page.$$("#decisions > details")).length === 1, { what: "one decision" });
     assert.match(await text(page, "#decisions-note"), new RegExp(`Decisions for call ${first.session}`));
     const one = `#decisions details[data-decision="${d1.decision_id}"]`;
-    await page.click(`${one} summary`);
+    await press(page, `${one} summary`);
     const evidence = await text(page, `${one} dl`);
     assert.match(evidence, /Rule\s*line line/);
     assert.match(evidence, /Prefers\s*M2/);
@@ -209,13 +209,13 @@ describe("the panel: policy editor and decision viewer", () => {
     assert.match(evidence, new RegExp(`Cites\\s*policy revision ${d1.policy_revision} · registry revision ${d1.nodes_revision}`));
     assert.match(evidence, new RegExp(first.session));
 
-    await page.click(`${one} a.revision-link[data-kind="policy"]`);
+    await press(page, `${one} a.revision-link[data-kind="policy"]`);
     await waitText(page, "#revision-title", new RegExp(`^Policy revision ${d1.policy_revision}, cited by decision ${d1.decision_id}$`));
     const cited = (await admin(c.edge, `/v1/policy?revision=${d1.policy_revision}`)).body;
     assert.deepEqual(JSON.parse(await text(page, "#revision-doc")), cited);
     assert.equal(cited.default_node, "M1");
     await shoot(page, "decisions-desktop");
-    await page.click(`${one} a.revision-link[data-kind="nodes"]`);
+    await press(page, `${one} a.revision-link[data-kind="nodes"]`);
     await waitText(page, "#revision-title", new RegExp(`^Node registry revision ${d1.nodes_revision}`));
     const registry = (await admin(c.edge, `/v1/nodes?revision=${d1.nodes_revision}`)).body;
     assert.deepEqual(JSON.parse(await text(page, "#revision-doc")), registry);

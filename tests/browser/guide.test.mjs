@@ -7,7 +7,7 @@ import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { nowSeconds } from "../e2e/harness.mjs";
 import { admin, heartbeatBody, nodePost, putDocument, waitFor } from "../e2e/fixtures.mjs";
-import { browserSuite, enterToken, noHorizontalScroll, refreshed, shoot, showTab, text, waitText } from "./browser.mjs";
+import { browserSuite, enterToken, noHorizontalScroll, press, refreshed, shoot, showTab, text, waitText } from "./browser.mjs";
 import { CALLER, SALES, SUPPORT, basePolicy, call, cluster } from "./panel.mjs";
 
 const HOUR = 3600e3;
@@ -56,15 +56,19 @@ describe("the panel: token, routing guide and nodes", () => {
     await page.waitForSelector("#view-nodes:not(.hidden)");
     assert.equal(await page.evaluate(() => document.activeElement?.id), "tab-nodes");
 
-    // Forget: the views go, and no later request carries the token.
-    const sent = [];
-    page.on("request", (r) => {
-      if (r.headers().authorization) sent.push(r.url());
-    });
+    // Forget: the views go, and no later request carries the token. The
+    // requests made before the click (a refresh, a preview) are let finish
+    // first: puppeteer reports a request after the page has sent it, so one
+    // sent just before the click could otherwise be counted after it.
     await page.click("#forget");
     assert.equal(await text(page, "#token-state"), "no token");
     assert.ok(await page.$("#app.hidden"));
     assert.match(await text(page, "#message"), /Token forgotten/);
+    await page.waitForNetworkIdle({ idleTime: 300 });
+    const sent = [];
+    page.on("request", (r) => {
+      if (r.headers().authorization) sent.push(r.url());
+    });
     await new Promise((resolve) => setTimeout(resolve, 6500)); // past one refresh period
     assert.deepEqual(sent, []);
     assert.deepEqual(errors, []);
@@ -138,8 +142,8 @@ describe("the panel: token, routing guide and nodes", () => {
     // A decision's registry revision is not shown to a policy token.
     await showTab(page, "decisions");
     await page.waitForSelector("#decisions > details");
-    await page.click("#decisions > details > summary");
-    await page.click('#decisions a.revision-link[data-kind="nodes"]');
+    await press(page, "#decisions > details > summary");
+    await press(page, '#decisions a.revision-link[data-kind="nodes"]');
     await waitText(page, "#revision-doc", /needs an admin token \(403 forbidden\)/);
     assert.ok(nodesAnswers.length >= 2 && nodesAnswers.every((s) => s === 403), JSON.stringify(nodesAnswers));
     assert.deepEqual(errors, []);
@@ -207,7 +211,7 @@ describe("the panel: token, routing guide and nodes", () => {
     await page.waitForSelector(`${sw}[aria-checked="false"]:not([disabled])`);
 
     // Another writer changes the registry while the dialog is open: refused.
-    await page.click(sw);
+    await press(page, sw);
     await page.waitForSelector("#drain-dialog[open]");
     assert.match(await text(page, "#drain-body"), /M2 owns 1 open call; they continue/);
     await shoot(page, "drain-dialog");
@@ -222,13 +226,13 @@ describe("the panel: token, routing guide and nodes", () => {
     assert.deepEqual([now.revision, now.nodes.M2.admin_drained], [revision + 1, false]);
 
     // Cancel writes nothing.
-    await page.click(sw);
+    await press(page, sw);
     await page.waitForSelector("#drain-dialog[open]");
     await page.click("#drain-cancel");
     assert.equal((await admin(c.edge, "/v1/nodes")).body.revision, revision + 1);
 
     // Confirmed on a fresh read: written at that revision, the other change kept.
-    await page.click(sw);
+    await press(page, sw);
     await page.waitForSelector("#drain-dialog[open]");
     await page.click("#drain-confirm");
     await waitText(page, "#drain-result", new RegExp(`M2 drained: registry revision ${revision + 2}`));
@@ -238,7 +242,7 @@ describe("the panel: token, routing guide and nodes", () => {
     assert.match(await text(page, '#nodes tr[data-node="M2"]'), /drained by an operator admin_drained/);
 
     // And back.
-    await page.click(sw);
+    await press(page, sw);
     await page.waitForSelector("#drain-dialog[open]");
     assert.match(await text(page, "#drain-title"), /Undrain M2/);
     await page.click("#drain-confirm");
@@ -261,7 +265,7 @@ describe("the panel: token, routing guide and nodes", () => {
     await shoot(page, "nodes-420");
     await showTab(page, "decisions");
     await page.waitForSelector("#decisions > details");
-    await page.click("#decisions > details > summary");
+    await press(page, "#decisions > details > summary");
     await noHorizontalScroll(page);
     await shoot(page, "decisions-420");
     await showTab(page, "editor");
