@@ -9,11 +9,16 @@
 # last release; bump it when a release lands). The commit's tree is taken
 # with `git archive` (nothing is registered in the repository) into
 # target/previous-release/<sha>/src and built there with that commit's OWN
-# scripts/build.sh, offline (CARGO_NET_OFFLINE), with CARGO_TARGET_DIR set to
-# this checkout's target/ so that the dependencies already built are reused
-# and this repository's node_modules linked in. A finished build is marked
-# with a stamp file and never rebuilt; a failed one leaves no stamp. Do not
-# run it while `make build` runs: both write target/'s final wasm file.
+# scripts/build.sh, offline (CARGO_NET_OFFLINE), with this repository's
+# node_modules linked in. A finished build is marked with a stamp file and
+# never rebuilt; a failed one leaves no stamp.
+#
+# It builds in a target directory of its own, seeded with a copy of this
+# checkout's built dependencies but none of the workspace's own crates. It
+# must not share target/: Cargo names a path crate's artifacts by its path
+# relative to the workspace root, the same in both trees, so the old
+# callfence-core would overwrite the current one there and the next
+# `make build` would link it, unrebuilt (seen: "no method named `calls`").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root="$PWD"
@@ -40,12 +45,23 @@ git archive --format=tar "$sha" | tar -x -C "$cache/src"
 [[ -f "$cache/src/scripts/build.sh" ]] || fail "$sha has no scripts/build.sh"
 [[ -d "$root/node_modules" ]] || fail "node_modules is missing: run scripts/setup.sh"
 ln -s "$root/node_modules" "$cache/src/node_modules"
-mkdir -p "$root/target"
 started=$SECONDS
+target="$cache/target"
+for dir in release wasm32-unknown-unknown/release; do
+  for part in deps build .fingerprint; do
+    [[ -d "$root/target/$dir/$part" ]] || continue
+    mkdir -p "$target/$dir"
+    cp -a "$root/target/$dir/$part" "$target/$dir/"
+  done
+done
+if [[ -d "$target" ]]; then
+  find "$target" -mindepth 3 -maxdepth 4 \( -name 'callfence*' -o -name 'libcallfence*' \) -exec rm -rf {} +
+fi
 (
   cd "$cache/src"
-  CARGO_TARGET_DIR="$root/target" CARGO_NET_OFFLINE=true bash scripts/build.sh
+  CARGO_TARGET_DIR="$target" CARGO_NET_OFFLINE=true bash scripts/build.sh
 ) >&2 || fail "the build of $sha failed (see above)"
+rm -rf "$target"
 for f in index.js index_bg.wasm; do
   [[ -f "$cache/src/build/$f" ]] || fail "the build of $sha made no build/$f"
 done
