@@ -12,6 +12,11 @@ import { freePort, startCluster, waitFor } from "../e2e/agents-cluster.mjs";
 import { startFaultProxy } from "./faultproxy.mjs";
 import { startRecorder } from "./recorder.mjs";
 
+// What each demo app reports as its capacity: the drills' registries give
+// their nodes max_calls 1000, and the app's default (10) would otherwise be
+// the smaller limit, so a drill's load would measure the demo app's
+// capacity (capacity_exhausted, 503, retries) instead of the edge's.
+const APP_MAX_CALLS = 1000;
 
 /**
  * Starts the stack. `nodes` and `policy` as for startCluster; `bindings` are
@@ -31,6 +36,7 @@ export async function startStack({ nodes, policy, bindings = {}, recordBeats = f
     policy,
     deploy,
     edge: { keys, port, build, bindings: { ...bindingsFor(keys), ...bindings } },
+    appArgs: ["--max-calls", String(APP_MAX_CALLS)],
     originFront: async (id, url) => {
       proxies[id] = await startFaultProxy(url);
       return proxies[id].url;

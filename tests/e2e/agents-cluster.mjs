@@ -253,9 +253,10 @@ async function stop(proc, signal = "SIGKILL") {
  * in front of the edge), `validForS` (each beat's validity, 3 s by default so
  * that staleness shows quickly; a suite that never tests staleness takes a
  * longer one, so a beat delayed by a loaded machine cannot make a node stale
- * between two of its steps).
+ * between two of its steps), `appArgs` (extra arguments of every demo app,
+ * such as `--max-calls`).
  */
-export async function startCluster({ nodes, policy, deploy = [], edge: edgeOptions = {}, originFront, edgeFront, validForS = 3 }) {
+export async function startCluster({ nodes, policy, deploy = [], edge: edgeOptions = {}, originFront, edgeFront, validForS = 3, appArgs = [] }) {
   const binDir = agentBins();
   // Not under /tmp: the agent refuses a temporary state directory.
   const work = mkdtempSync(join(durableScratchRoot(), "e2e-agents-"));
@@ -512,7 +513,7 @@ ${node.deployToml}`,
     await cluster.put("nodes", cluster.registry());
     await cluster.put("policy", policy(Object.keys(nodes)));
     for (const n of Object.values(cluster.nodes)) {
-      await n.startApp();
+      await n.startApp(appArgs);
       await n.startAgent();
     }
     for (const id of Object.keys(nodes)) await cluster.waitEligible(id, 15_000);
