@@ -6,8 +6,9 @@
 //! engine on real SQLite, and the shared checker (`tests/common/checker.rs`)
 //! verifies the invariants of `core/src/lib.rs` in every reached state.
 //!
-//! - `CALLFENCE_MODEL=full|short|smoke` picks the bounds (`smoke` when unset;
-//!   `make model-check` runs `full`, `make test` runs `short`), and each
+//! - `CALLFENCE_MODEL=full|hangups|restarts|large|short|smoke` picks the
+//!   bounds (`smoke` when unset; `make model-check` runs `full`, which is
+//!   the `hangups` and `restarts` scenarios; `make test` runs `short`), and each
 //!   `CALLFENCE_MODEL_*` variable overrides one bound (see
 //!   [`scenario::Bounds`]).
 //! - A violation prints the shortest action sequence that reaches it and the
@@ -48,29 +49,43 @@ fn print_counterexample(bounds: &Bounds, plant: Option<&Plant>, found: &Found) {
 
 #[test]
 fn every_reachable_state_holds_every_invariant() {
-    let bounds = Bounds::from_env("smoke");
     let threads = explore::threads();
-    println!("model check bounds: {bounds}; {threads} threads");
-    let (stats, found) = search_parallel(&bounds, threads);
-    if let Some(found) = found {
-        let (shortest, _) = shortest(&bounds, None, found.path.len(), &|_| true);
-        print_counterexample(&bounds, None, shortest.as_ref().unwrap_or(&found));
-        panic!("model check: {} states explored, 1 violation", stats.states);
+    let (mut states, mut transitions, mut depth) = (0, 0, 0);
+    let (mut wall, mut cpu) = (0.0, 0.0);
+    for (name, bounds) in Bounds::scenarios_from_env("smoke") {
+        println!("model check bounds ({name}): {bounds}; {threads} threads");
+        let (stats, found) = search_parallel(&bounds, threads);
+        if let Some(found) = found {
+            let (shortest, _) = shortest(&bounds, None, found.path.len(), &|_| true);
+            print_counterexample(&bounds, None, shortest.as_ref().unwrap_or(&found));
+            panic!(
+                "model check ({name}): {} states explored, 1 violation",
+                stats.states
+            );
+        }
+        assert!(
+            stats.states > 1 && stats.transitions > stats.states,
+            "nothing was explored"
+        );
+        let w = stats.elapsed.as_secs_f64();
+        let c = stats.cpu.map_or(w, |c| c.as_secs_f64());
+        println!(
+            "model check ({name}): {} states, {} transitions, depth {}, 0 violations, {w:.1} s ({c:.1} s of CPU)",
+            stats.states, stats.transitions, stats.depth
+        );
+        states += stats.states;
+        transitions += stats.transitions;
+        depth = depth.max(stats.depth);
+        wall += w;
+        cpu += c;
     }
-    assert!(
-        stats.states > 1 && stats.transitions > stats.states,
-        "nothing was explored"
-    );
     println!(
-        "model check: {} states, {} transitions, depth {}, 0 violations",
-        stats.states, stats.transitions, stats.depth
+        "model check: {states} states, {transitions} transitions, depth {depth}, 0 violations"
     );
-    let wall = stats.elapsed.as_secs_f64();
-    let cpu = stats.cpu.map_or(wall, |c| c.as_secs_f64());
     println!(
         "model check took {wall:.1} s ({:.0} states/s), {cpu:.1} s of CPU over {threads} threads ({:.0} states/s of CPU)",
-        stats.states as f64 / wall.max(1e-9),
-        stats.states as f64 / cpu.max(1e-9)
+        states as f64 / wall.max(1e-9),
+        states as f64 / cpu.max(1e-9)
     );
 }
 
