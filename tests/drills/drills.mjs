@@ -96,11 +96,11 @@ async function markedAt(stack, node, reason) {
 
 export async function chaos({ short = false, seed = 7, calls, rate, faults } = {}) {
   calls ??= short ? 120 : 5_000;
-  // 10 calls/s: the local Dispatcher on disk (every commit fsyncs) takes
-  // about 15 calls/s of this load cleanly; at 25/s it is overloaded with no
-  // fault at all (59% of webhooks 503 `overloaded` or
-  // `dispatcher_unavailable`, and the retries feed it), which drills the
-  // machine's disk, not the faults.
+  // 10 calls/s: the whole local stack (workerd, three agents, three demo
+  // apps, the fake Telnyx and this load) takes about 15 calls/s cleanly on
+  // 2 cores; at 25/s it is overloaded with no fault at all (59% of webhooks
+  // 503 `overloaded` or `dispatcher_unavailable`, and the retries feed it),
+  // which drills the machine's capacity, not the faults.
   rate ??= short ? 6 : 10;
   faults ??= short ? 6 : 50;
   const maxDuration = short ? 8_000 : 30_000;
