@@ -41,32 +41,24 @@ pub fn snapshot_since(
     last: &Snapshot,
     wrote: impl Fn(&str) -> bool,
 ) -> Snapshot {
+    // A table's part is read again only if the step wrote that table.
+    fn part<T: Clone>(wrote: bool, read: impl FnOnce() -> T, last: &T) -> T {
+        if wrote {
+            read()
+        } else {
+            last.clone()
+        }
+    }
     Snapshot {
-        sessions: if wrote("sessions") {
-            sessions(store)
-        } else {
-            last.sessions.clone()
-        },
-        delivered: if wrote("events") {
-            delivered(store)
-        } else {
-            last.delivered.clone()
-        },
-        revisions: if wrote("documents") {
-            revisions(store)
-        } else {
-            last.revisions.clone()
-        },
-        node_load: if wrote("node_load") {
-            node_load(store)
-        } else {
-            last.node_load.clone()
-        },
-        beat_valid_until: if wrote("heartbeats") {
-            beat_valid_until(store)
-        } else {
-            last.beat_valid_until.clone()
-        },
+        sessions: part(wrote("sessions"), || sessions(store), &last.sessions),
+        delivered: part(wrote("events"), || delivered(store), &last.delivered),
+        revisions: part(wrote("documents"), || revisions(store), &last.revisions),
+        node_load: part(wrote("node_load"), || node_load(store), &last.node_load),
+        beat_valid_until: part(
+            wrote("heartbeats"),
+            || beat_valid_until(store),
+            &last.beat_valid_until,
+        ),
     }
 }
 
