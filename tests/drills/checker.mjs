@@ -107,6 +107,16 @@ export function check({ commands, acks, calls, decisions, ccids, requireSettled 
   };
 }
 
+/** What an answer said: its error code (or the fake's `callfence` field, a short text, `?`). */
+export const answerCode = (a) => a.body?.error ?? a.body?.callfence ?? (typeof a.body === "string" ? a.body.slice(0, 40) : "?");
+
+/** How many of `items` give each `key(item)`. */
+export function tally(items, key) {
+  const out = {};
+  for (const item of items) out[key(item)] = (out[key(item)] ?? 0) + 1;
+  return out;
+}
+
 /** Per window [{ label, from, to }]: webhooks sent in it and the share answered 503 (or not at all). */
 export function unavailability(acks, windows) {
   return windows.map((w) => {

@@ -15,18 +15,16 @@
 // where they went, and the 503s.
 
 import { spawn } from "node:child_process";
+import { createInterface } from "node:readline";
 import { performance } from "node:perf_hooks";
 import { readlinkSync } from "node:fs";
 import { basename, join } from "node:path";
 import { agentBins, sleep, standardPolicy, waitFor } from "../e2e/agents-cluster.mjs";
-import { callsIntact, check } from "./checker.mjs";
+import { answerCode, callsIntact, check, tally } from "./checker.mjs";
 import { runLoad } from "./load.mjs";
-import { startStack } from "./stack.mjs";
+import { stable, startStack, TIMINGS } from "./stack.mjs";
 // drills.mjs imports this module too; `settle` is only called at run time.
 import { settle } from "./drills.mjs";
-
-const TIMINGS = { CALLFENCE_TEST_SWEEP_MS: "500", CALLFENCE_TEST_NODE_LOST_MS: "3000" };
-const stable = { role: "stable", max_calls: 1000 };
 
 /**
  * Starts `callfence-fake-notify` on `path`; resolves to { path, messages:
@@ -39,32 +37,25 @@ export function startNotify(binDir, path) {
   let errors = "";
   child.stderr.on("data", (c) => (errors += c));
   return new Promise((resolve, reject) => {
-    let pending = "";
     let t0 = null;
     child.once("error", reject);
     child.once("exit", (code) => {
       if (t0 === null) reject(new Error(`callfence-fake-notify exited (${code}): ${errors}`));
     });
-    child.stdout.on("data", (chunk) => {
-      pending += chunk.toString("utf8");
-      let nl;
-      while ((nl = pending.indexOf("\n")) >= 0) {
-        const line = pending.slice(0, nl);
-        pending = pending.slice(nl + 1);
-        if (t0 === null) {
-          t0 = performance.now();
-          resolve({
-            path,
-            messages,
-            now: () => performance.now() - t0,
-            close: async () => {
-              if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM");
-              await exited;
-            },
-          });
-        } else {
-          messages.push(JSON.parse(line));
-        }
+    createInterface({ input: child.stdout }).on("line", (line) => {
+      if (t0 === null) {
+        t0 = performance.now();
+        resolve({
+          path,
+          messages,
+          now: () => performance.now() - t0,
+          close: async () => {
+            if (child.exitCode === null && child.signalCode === null) child.kill("SIGTERM");
+            await exited;
+          },
+        });
+      } else {
+        messages.push(JSON.parse(line));
       }
     });
   });
@@ -87,8 +78,7 @@ export function watchdogGaps(messages, end) {
 
 /** The 503 answers among `acks`, and how many of each error code. */
 function answered503(acks) {
-  const by = {};
-  for (const a of acks) if (a.status === 503) by[a.body?.error ?? a.body?.callfence ?? "?"] = (by[a.body?.error ?? a.body?.callfence ?? "?"] ?? 0) + 1;
+  const by = tally(acks.filter((a) => a.status === 503), answerCode);
   return { answered_503: Object.values(by).reduce((n, k) => n + k, 0), answered_503_by_code: by };
 }
 

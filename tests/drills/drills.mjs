@@ -3,18 +3,15 @@
 // figures, violations, ... }. `short` is the form `make test` runs (≤ 60 s).
 
 import { CANARY_CALLER, PLAIN_CALLER, sleep, standardPolicy, waitFor } from "../e2e/agents-cluster.mjs";
-import { check, routedWhileMarked, unavailability } from "./checker.mjs";
+import { answerCode, check, routedWhileMarked, tally, unavailability } from "./checker.mjs";
 import { collect, prng, runLoad } from "./load.mjs";
-import { startStack } from "./stack.mjs";
+import { stable, startStack, TIMINGS } from "./stack.mjs";
 import { compareDecisions, exportEdge, parseReplay, player, replayFile } from "./replay.mjs";
 import { rollback } from "./rollback.mjs";
 import { deploy } from "./deploy.mjs";
 import { bindingsFor, readPages, ROOT, startEdge, startOrigin, testKeys } from "../e2e/harness.mjs";
 import { writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
-
-const TIMINGS = { CALLFENCE_TEST_SWEEP_MS: "500", CALLFENCE_TEST_NODE_LOST_MS: "3000" };
-const stable = { role: "stable", max_calls: 1000 };
 
 /** Waits until no call of `sessions` is open (the sweep's chance), then reads the views. */
 export async function settle(stack, sessions, timeout) {
@@ -145,12 +142,6 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
       k.failed += w.failed;
     }
     for (const k of Object.values(byKind)) k.rate_503 = k.webhooks ? +(k.failed / k.webhooks).toFixed(4) : 0;
-    const unsettled = {};
-    for (const a of load.acks) {
-      if (a.status === 200) continue;
-      const key = `${a.status} ${a.body?.error ?? (typeof a.body === "string" ? a.body.slice(0, 40) : "")}`.trim();
-      unsettled[key] = (unsettled[key] ?? 0) + 1;
-    }
     const targets = { calls: figures.calls >= calls, faults: windows.length >= faults };
     return {
       drill: "chaos",
@@ -158,7 +149,7 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
       parameters: { short, seed, calls, rate, faults, max_duration_ms: maxDuration },
       figures: { ...figures, faults_injected: windows.length, rate_503_overall: unavailability(load.acks, [{ from: 0, to: Infinity }])[0].rate_503 },
       rate_503_by_kind: byKind,
-      not_200_by_answer: unsettled,
+      not_200_by_answer: tally(load.acks.filter((a) => a.status !== 200), (a) => `${a.status} ${answerCode(a)}`),
       faults: per,
       targets,
       violations,

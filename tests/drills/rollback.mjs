@@ -27,14 +27,11 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { LINE, PLAIN_CALLER, sleep, standardPolicy } from "../e2e/agents-cluster.mjs";
 import { nodeHeaders, read, ROOT, telnyxHeaders } from "../e2e/harness.mjs";
-import { callsIntact, check } from "./checker.mjs";
+import { callsIntact, check, unavailability } from "./checker.mjs";
 import { collect, runLoad } from "./load.mjs";
-import { startStack } from "./stack.mjs";
+import { stable, startStack, TIMINGS } from "./stack.mjs";
 // drills.mjs imports this module too; `settle` is only called at run time.
 import { settle } from "./drills.mjs";
-
-const TIMINGS = { CALLFENCE_TEST_SWEEP_MS: "500", CALLFENCE_TEST_NODE_LOST_MS: "3000" };
-const stable = { role: "stable", max_calls: 1000 };
 
 /**
  * The previous release's build directory, built first when missing
@@ -267,7 +264,7 @@ export async function rollback({ short = false, previous, swaps, rate } = {}) {
       const acks = load.acks.filter((a) => a.at >= p.from && a.at < p.to);
       p.webhooks = acks.length;
       p.not_200 = acks.filter((a) => a.status !== 200).length;
-      p.rate_503 = acks.length ? +(acks.filter((a) => a.status === 503 || a.status === 0).length / acks.length).toFixed(4) : 0;
+      p.rate_503 = unavailability(acks, [{ from: -Infinity, to: Infinity }])[0].rate_503;
     }
     const fencedUnanswered = [];
     violations.push(...callsIntact({ calls: views.calls, commands: stack.telnyx.log, ccids: load.ccids, acks: load.acks }, fencedUnanswered));

@@ -12,6 +12,11 @@ import { freePort, startCluster, waitFor } from "../e2e/agents-cluster.mjs";
 import { startFaultProxy } from "./faultproxy.mjs";
 import { startRecorder } from "./recorder.mjs";
 
+/** The drills' test-only timings: a 500 ms sweep, a node lost after 3 s. */
+export const TIMINGS = { CALLFENCE_TEST_SWEEP_MS: "500", CALLFENCE_TEST_NODE_LOST_MS: "3000" };
+/** A stable node's registry fields in the drills. */
+export const stable = { role: "stable", max_calls: 1000 };
+
 // What each demo app reports as its capacity: the drills' registries give
 // their nodes max_calls 1000, and the app's default (10) would otherwise be
 // the smaller limit, so a drill's load would measure the demo app's
