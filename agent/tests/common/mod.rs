@@ -61,12 +61,14 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `N` distinct free loopback ports. All N listeners are held until every
+/// port is chosen, so the kernel cannot hand the same port out twice (one
+/// bound and dropped at a time, two calls in a row can get the same one).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().unwrap().port())
 }
 
 /// The test's keys: the pinned edge key, an unpinned one, Telnyx's.
@@ -105,9 +107,9 @@ pub fn node(keys: &Keys, app_url: &str, telnyx_api: Option<&str>) -> Node {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let origin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let local: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let edge_port = free_port();
+    let [origin_port, local_port, edge_port] = free_ports();
+    let origin: SocketAddr = format!("127.0.0.1:{origin_port}").parse().unwrap();
+    let local: SocketAddr = format!("127.0.0.1:{local_port}").parse().unwrap();
     let api = match telnyx_api {
         Some(base) => {
             let f = dir.join("telnyx.key");
