@@ -43,6 +43,13 @@
 //     no reads, no decision, no forward), and `ping`; and the ratios of the
 //     assignment rates to the writes-only rate.
 //
+// 11. the floor under the Worker's own CPU: the per-webhook cryptography and
+//     parsing alone in wasm (examples/wasm_crypto.rs, built by
+//     scripts/bench.sh under the Worker's release profile into the file
+//     BENCH_WASM_CRYPTO names, run in Node's V8): the Telnyx signature check
+//     and envelope parse the Worker makes, and the assertion the Dispatcher
+//     mints, per call.
+//
 // BENCH_PERF=<file> also samples the callfence workerd with `perf record`
 // (cpu-clock) over the sequential phase and prints its CPU by kind of code
 // (JIT code, V8 runtime and compilers, SQLite, kernel, kj I/O, ...).
@@ -636,8 +643,42 @@ function conditions() {
 
 // -------------------------------------------------------------- the run ----
 
+// ------------------------------------------------------------ wasm floor ----
+
+/**
+ * Microseconds per step of examples/wasm_crypto.rs (0 verify, 1 mint, 2
+ * parse): the median of 15 batches of 100 after 300 warm-up calls; null
+ * without BENCH_WASM_CRYPTO. Every call must succeed, so a step that fails
+ * cannot pass for a fast one.
+ */
+function wasmFloor() {
+  const file = process.env.BENCH_WASM_CRYPTO;
+  if (!file) return null;
+  const module = new WebAssembly.Module(readFileSync(file));
+  // The module links wasm-bindgen's imports without calling them.
+  const imports = {};
+  for (const { module: from, name } of WebAssembly.Module.imports(module)) {
+    (imports[from] ??= {})[name] = () => {
+      throw new Error(`wasm_crypto called ${from}.${name}`);
+    };
+  }
+  const { run } = new WebAssembly.Instance(module, imports).exports;
+  const micros = (step) => {
+    if (run(step, 300) !== 300) throw new Error(`wasm_crypto step ${step} failed`);
+    const batches = [];
+    for (let i = 0; i < 15; i++) {
+      const t = process.hrtime.bigint();
+      if (run(step, 100) !== 100) throw new Error(`wasm_crypto step ${step} failed`);
+      batches.push(Number(process.hrtime.bigint() - t) / 100 / 1000);
+    }
+    return batches.sort((a, b) => a - b)[7];
+  };
+  return { verify: micros(0), mint: micros(1), parse: micros(2), v8: process.versions.v8 };
+}
+
 async function main() {
   const before = conditions();
+  const floor = wasmFloor();
   const origin = await startPlainOrigin();
   const keys = testKeys();
   const node = ed25519();
@@ -862,6 +903,9 @@ async function main() {
       `CPU per webhook, whole workerd process (utime+stime from /proc, ${CALLS} sequential webhooks, ${CLOCK_TICKS} ticks/s): callfence ${ms(cpu.callfence)}, pass-through ${ms(cpu.passthrough)} (ratio ${(cpu.callfence / cpu.passthrough).toFixed(2)}x)`,
       `  per webhook from schedstat (ns, every thread, request start to next request start): callfence median ${ms(cfC.p50, 3)} (mean ${ms(cfC.mean, 3)}, p90 ${ms(cfC.p90, 3)}), pass-through median ${ms(ptC.p50, 3)} (mean ${ms(ptC.mean, 3)}, p90 ${ms(ptC.p90, 3)})`,
       `Worker's own CPU per webhook (schedstat, ${woReal.n} webhooks each, interleaved ABBA): the Worker in front of a stand-in Dispatcher that answers at once median ${ms(woReal.p50, 3)} (mean ${ms(woReal.mean, 3)}) - a JavaScript Worker making the same hop to the same stand-in median ${ms(woFloor.p50, 3)} (mean ${ms(woFloor.mean, 3)}) = median ${ms(workerOwnMedian, 3)} (mean ${ms(woReal.mean - woFloor.mean, 3)})`,
+      floor
+        ? `  of which the wasm alone does (examples/wasm_crypto.rs, release profile, Node's V8 ${floor.v8}, median of 15 x 100): Telnyx signature check ${floor.verify.toFixed(0)} us, envelope parse ${floor.parse.toFixed(0)} us; and in the Dispatcher, minting the assertion ${floor.mint.toFixed(0)} us`
+        : "  (the wasm floor needs BENCH_WASM_CRYPTO: run make bench)",
       `Dispatcher alone (${THROUGHPUT_CALLS} messages each, ${CONCURRENCY} in flight, from a driver Worker in the same workerd): full assignments (webhook message: decision, forward, report) ${alone.webhook.toFixed(0)}/s (${alone.shed} shed as overloaded, not counted); the same assignments' writes only (writes_only: the same 9 writes in the same 2 commits; no reads, no decision, no forward, no alarm) ${alone.writes === null ? "(not in this build)" : `${alone.writes.toFixed(0)}/s`}; ping (the request hop alone) ${alone.ping.toFixed(0)}/s`,
       `  ratio to the writes-only rate: assignments through the Worker ${alone.writes === null ? "?" : (rate / alone.writes).toFixed(2)}x, assignments sent to the Dispatcher directly ${alone.writes === null ? "?" : (alone.webhook / alone.writes).toFixed(2)}x`,
       `Dispatcher time per webhook (its profile, sequential phase; ms sums of Date.now, so means over ${profile.webhook.count} requests):`,
@@ -915,6 +959,9 @@ async function main() {
           worker_cpu_ms_mean: woReal.mean - woFloor.mean,
           worker_only_cpu_ms_median: woReal.p50,
           hop_only_cpu_ms_median: woFloor.p50,
+          wasm_verify_us: floor ? floor.verify : null,
+          wasm_parse_us: floor ? floor.parse : null,
+          wasm_mint_us: floor ? floor.mint : null,
           dispatcher_assignments_per_s: alone.webhook,
           dispatcher_assignments_to_writes_only_ratio: alone.writes === null ? null : alone.webhook / alone.writes,
           writes_only_per_s: alone.writes,

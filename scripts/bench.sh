@@ -6,7 +6,9 @@
 # 2. scripts/bench.mjs: the Worker end to end on local workerd (Miniflare on
 #    the prebuilt build/): latency against a bare pass-through Worker,
 #    assignments per second through one Dispatcher, the Worker's own time per
-#    webhook, and the wasm's size.
+#    webhook, and the wasm's size;
+# 3. examples/wasm_crypto.rs built for wasm32 under the release profile: the
+#    Telnyx check, envelope parse and assertion mint alone, in Node's V8.
 #
 # Sets itself up first and builds build/ only if it is missing (it never
 # rebuilds a present one: run `make build` after changing src/ or core/).
@@ -30,4 +32,7 @@ core_out="$(mktemp)"
 trap 'rm -f "$core_out"' EXIT
 cargo bench -p callfence-core --bench engine 2>&1 | tee "$core_out"
 
-BENCH_CORE_OUTPUT="$core_out" node scripts/bench.mjs
+printf '\n== bench: the per-webhook cryptography in wasm (cargo build --example wasm_crypto)\n'
+cargo build --example wasm_crypto --release --target wasm32-unknown-unknown
+BENCH_WASM_CRYPTO=target/wasm32-unknown-unknown/release/examples/wasm_crypto.wasm \
+  BENCH_CORE_OUTPUT="$core_out" node scripts/bench.mjs
