@@ -70,7 +70,7 @@
 // ...), so runs can be compared.
 
 import { Miniflare } from "miniflare";
-import { execFileSync, spawn } from "node:child_process";
+import { execFileSync, spawn, spawnSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
@@ -78,6 +78,7 @@ import os from "node:os";
 import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { gzipSync } from "node:zlib";
+import { crateOf, displayName, readWasm, sections } from "./wasm-sections.mjs";
 import {
   ROOT,
   bearer,
@@ -215,20 +216,60 @@ function startPerf(pid, file) {
   };
 }
 
+/**
+ * The wasm function names for `wasm-function[N]` in the perf map: the
+ * named copy scripts/build.sh keeps (target/wasm-size/index_bg.named.wasm),
+ * used only when its code is byte for byte the shipped build's; else null.
+ */
+function wasmNames() {
+  const code = (bytes) => {
+    for (const s of sections(bytes)) if (s.id === 10) return bytes.subarray(s.body, s.end);
+    return null;
+  };
+  try {
+    const named = readFileSync(join(ROOT, "target/wasm-size/index_bg.named.wasm"));
+    const shipped = readFileSync(join(ROOT, "build/index_bg.wasm"));
+    if (Buffer.compare(code(named), code(shipped)) !== 0) return null;
+    return readWasm(named).names;
+  } catch {
+    return null;
+  }
+}
+
+/** A wasm function's share goes to its crate's group. */
+function wasmGroup(crate) {
+  if (/^(curve25519_dalek|ed25519_dalek|ed25519|sha2|signature|digest|subtle|block_buffer)$/.test(crate)) return "wasm: Ed25519 and SHA-2 (verify, sign)";
+  if (/^(callfence|callfence_core|js_sys)$/.test(crate)) return "wasm: callfence's own code (js_sys: its async bodies)";
+  if (/^(serde|serde_core|serde_json|zmij|itoa|ryu)$/.test(crate)) return "wasm: serde and serde_json";
+  if (/^(dlmalloc|__rustc|__rdl_alloc|__rdl_dealloc|__rdl_realloc)$/.test(crate)) return "wasm: allocator";
+  return "wasm: Rust core/alloc/std, worker and wasm-bindgen glue";
+}
+
 /** perf report lines -> percent per kind of code, and the top symbols. */
 function perfGroups(report) {
+  const names = wasmNames();
   const groups = new Map();
   const top = [];
+  let liftoff = 0;
   for (const line of report.split("\n")) {
     const m = line.match(/^\s+([\d.]+)%\s+(\[JIT\] tid \d+|\S+)\s+\[(.)\]\s+(.*)$/);
     if (!m) continue;
-    const [, pct, dso, kind, sym] = m;
+    const [, pct, dso, kind, rawSym] = m;
+    let sym = rawSym;
     const p = Number(pct);
+    const wasm = sym.match(/wasm-function\[(\d+)\]-\d+-(\w+)/);
     let group;
-    if (kind === "k") group = "kernel (syscalls: sockets, files, scheduling)";
+    if (wasm && names) {
+      const name = displayName(names.get(Number(wasm[1])) ?? `func[${wasm[1]}]`);
+      if (wasm[2] === "liftoff") liftoff += p;
+      group = wasmGroup(crateOf(name));
+      sym = `wasm ${wasm[2]} ${name}`;
+    } else if (wasm) group = "wasm (no names: target/wasm-size is not this build)";
+    else if (kind === "k") group = "kernel (syscalls: sockets, files, scheduling)";
     else if (/^(sqlite3|pcache|btree|vdbe|wal|pager|unixSync|unixWrite|unixRead)/i.test(sym)) group = "SQLite";
     else if (/tcmalloc|^TCMalloc|^operator (new|delete)/.test(sym)) group = "malloc (tcmalloc)";
-    else if (dso.startsWith("[JIT]") || dso === "[unknown]" || /^perf-\d+\.map$/.test(dso)) group = "JIT code (JavaScript and wasm)";
+    else if (dso.startsWith("[JIT]") && /^JS:/.test(sym)) group = "JIT code (JavaScript: glue, helpers, Miniflare's)";
+    else if (dso.startsWith("[JIT]") || dso === "[unknown]" || /^perf-\d+\.map$/.test(dso)) group = "JIT code (unnamed)";
     else if (/^Builtins_/.test(sym)) group = "V8 builtins (JS/wasm runtime stubs, JSON, strings)";
     else if (/v8::internal::(Heap|Scavenger|MarkCompact|Mark|Sweeper|Concurrent|Minor|GC)|cppgc/.test(sym)) group = "V8 garbage collection";
     else if (/v8::internal::(compiler|wasm::|maglev|baseline|Turbo|Liftoff)/.test(sym) || /Compile/.test(sym)) group = "V8 compilers";
@@ -238,10 +279,29 @@ function perfGroups(report) {
     else if (dso.startsWith("libc") || dso.startsWith("ld-")) group = "libc (memcpy, memset, locks)";
     else group = "other native";
     groups.set(group, (groups.get(group) ?? 0) + p);
-    top.push({ p, where: `${dso} ${sym}`.slice(0, 120) });
+    top.push({ p, where: (wasm && names ? sym : `${dso} ${sym}`).slice(0, 120) });
   }
   top.sort((a, b) => b.p - a.p);
-  return { groups: [...groups.entries()].sort((a, b) => b[1] - a[1]), top: top.slice(0, 15) };
+  return { groups: [...groups.entries()].sort((a, b) => b[1] - a[1]), top: top.slice(0, 15), liftoff, named: names !== null };
+}
+
+/**
+ * BENCH_PERF needs V8's perf map to name JIT code: the first run starts
+ * itself again with scripts/v8-flags.cjs preloaded and
+ * `--perf-basic-prof` for workerd, removes the maps afterwards, and exits
+ * with the child's status.
+ */
+function profiledRun() {
+  if (!process.env.BENCH_PERF || process.env.CALLFENCE_V8_FLAGS) return false;
+  const maps = () => new Set(readdirSync("/tmp").filter((f) => /^perf-\d+\.map$/.test(f)));
+  const before = maps();
+  const child = spawnSync(process.execPath, ["--require", join(ROOT, "scripts/v8-flags.cjs"), ...process.argv.slice(1)], {
+    stdio: "inherit",
+    env: { ...process.env, CALLFENCE_V8_FLAGS: "--perf-basic-prof" },
+  });
+  // The maps this run's workerd processes wrote (about 1 MB each).
+  for (const f of maps()) if (!before.has(f)) rmSync(join("/tmp", f), { force: true });
+  process.exit(child.status ?? 1);
 }
 
 // -------------------------------------------------------------- profile ----
@@ -921,6 +981,7 @@ async function main() {
     if (perf) {
       figureLines.push(`perf (BENCH_PERF: perf record -e cpu-clock of the callfence workerd over the sequential phase), share of its CPU:`);
       for (const [group, p] of perf.groups) figureLines.push(`  ${p.toFixed(1).padStart(5)}%  ${group}`);
+      if (perf.named) figureLines.push(`  (of the wasm, ${perf.liftoff.toFixed(1)}% of the process ran in V8's baseline tier, Liftoff)`);
       figureLines.push("  top symbols:");
       for (const { p, where } of perf.top) figureLines.push(`  ${p.toFixed(2).padStart(6)}%  ${where}`);
     }
@@ -1027,4 +1088,5 @@ function writeReadme(conditionLines, figureLines) {
   console.log("README.md: figures written");
 }
 
+profiledRun();
 await main();
