@@ -72,6 +72,34 @@ function setKids(node, ...kids) {
   node.replaceChildren(...kids.flat().filter((k) => k != null && k !== false));
 }
 
+/** Draws `kids` into `node` as setKids would, but keeps every element
+ * already drawn the same: the 5 s refresh then replaces only what changed,
+ * so a switch, link or decision the user is pressing stays in the page
+ * (a redraw between mousedown and mouseup would lose the click). Kept
+ * elements keep their listeners, which therefore read current data. */
+function patchKids(node, ...kids) {
+  const fresh = document.createElement(node.tagName);
+  setKids(fresh, ...kids);
+  reconcile(node, fresh);
+}
+
+function reconcile(live, fresh) {
+  const next = [...fresh.childNodes];
+  const old = [...live.childNodes];
+  next.forEach((n, i) => {
+    const o = old[i];
+    if (!o) live.append(n);
+    else if (o.isEqualNode(n)) return;
+    else if (o.nodeType === Node.ELEMENT_NODE && n.nodeType === Node.ELEMENT_NODE && o.tagName === n.tagName && sameAttributes(o, n)) reconcile(o, n);
+    else o.replaceWith(n);
+  });
+  for (const o of old.slice(next.length)) o.remove();
+}
+
+function sameAttributes(a, b) {
+  return a.attributes.length === b.attributes.length && [...a.attributes].every(({ name, value }) => b.getAttribute(name) === value);
+}
+
 const chip = (text, kind) => el("span", { class: kind ? `chip ${kind}` : "chip" }, text);
 
 /** "12 s", "4 m", "1 h 58 m", "2 d 3 h". */
@@ -279,7 +307,7 @@ function renderStatus() {
 
 function renderLines(s) {
   if (!s.lines.length) {
-    setKids($("lines"), el("p", { class: "muted" }, "No lines in the policy: every call prefers the default node."));
+    patchKids($("lines"), el("p", { class: "muted" }, "No lines in the policy: every call prefers the default node."));
     return;
   }
   const rows = s.lines.map((l) => el("tr", { "data-line": l.line_id },
@@ -291,14 +319,14 @@ function renderLines(s) {
         : el("span", { class: "bad" }, "no eligible node: calls wait, then are rejected")),
     el("td", { "data-label": "Configured fallback" }, l.fallback_node ? el("b", {}, l.fallback_node) : el("span", { class: "muted" }, "none (default node)")),
     el("td", { "data-label": "Why" }, l.fallback_in_use ? passedOver(l.reasons) : el("span", { class: "muted" }, "the preferred node is eligible"))));
-  setKids($("lines"), el("table", {},
+  patchKids($("lines"), el("table", {},
     el("thead", {}, el("tr", {}, ["Line", "Policy", "Next call", "Configured fallback", "Why"].map((h) => el("th", {}, h)))),
     el("tbody", {}, rows)));
 }
 
 function renderOverrides(s) {
   if (!s.overrides.length) {
-    setKids($("overrides"), el("p", { class: "muted" }, "No caller overrides."));
+    patchKids($("overrides"), el("p", { class: "muted" }, "No caller overrides."));
     return;
   }
   const rows = s.overrides.map((o) => el("tr", { "data-caller": o.caller },
@@ -307,7 +335,7 @@ function renderOverrides(s) {
     el("td", { "data-label": "Note", class: "note" }, o.note ?? el("span", { class: "muted" }, "—")),
     el("td", { "data-label": "Expires" }, o.expired ? chip("expired", "bad") : when(o.expires_at, "expires ")),
     el("td", { "data-label": "Created" }, when(o.created_at))));
-  setKids($("overrides"), el("table", {},
+  patchKids($("overrides"), el("table", {},
     el("thead", {}, el("tr", {}, ["Caller", "Policy", "Note", "Expires", "Created"].map((h) => el("th", {}, h)))),
     el("tbody", {}, rows)));
 }
@@ -318,7 +346,7 @@ function renderNodes(s) {
   $("nodes-note").textContent = session.kind === "admin"
     ? "The operator drain writes the node registry by compare-and-set, after you confirm."
     : "A policy token sees the nodes' state but not the registry: draining needs an admin token.";
-  setKids($("nodes"), ...s.nodes.map((n) => {
+  patchKids($("nodes"), ...s.nodes.map((n) => {
     const never = n.heartbeat_age_s == null;
     const heartbeat = never
       ? el("span", { class: "muted" }, "no heartbeat yet")
@@ -333,7 +361,9 @@ function renderNodes(s) {
       disabled: session.kind !== "admin",
       title: session.kind === "admin" ? "drain or undrain (asks first)" : "needs an admin token",
     }, drained ? "Drained" : "Not drained");
-    sw.addEventListener("click", () => askDrain(n, !drained));
+    // The switch outlives refreshes that leave it unchanged: the dialog
+    // reads the node as last refreshed.
+    sw.addEventListener("click", () => askDrain(view.status.nodes.find((x) => x.node === n.node) ?? n, !drained));
     return el("tr", { class: n.stale ? "stale" : "", "data-node": n.node },
       el("td", { "data-label": "Node" }, el("b", {}, n.node)),
       el("td", { "data-label": "Role · mode" }, `${n.role ?? "—"} · ${n.mode ?? "—"}`, reported),
@@ -412,10 +442,10 @@ function renderDecisions() {
     ? `Decisions for call ${view.filter}, newest first (${view.decisions.length}).`
     : `The latest ${view.decisions.length} decisions, newest first.`;
   if (!view.decisions.length) {
-    setKids($("decisions"), el("p", { class: "muted" }, "No decisions yet."));
+    patchKids($("decisions"), el("p", { class: "muted" }, "No decisions yet."));
     return;
   }
-  setKids($("decisions"), ...view.decisions.map((d) => {
+  patchKids($("decisions"), ...view.decisions.map((d) => {
     const fallback = d.chosen && d.prefers && d.chosen !== d.prefers;
     const details = el("details", { class: "decision", "data-decision": d.decision_id, open: view.openDecisions.has(d.decision_id) },
       el("summary", {}, when(d.at), " · ", el("span", { class: "mono" }, d.call_session_id ?? "—"), " · ",

@@ -111,10 +111,11 @@ export async function waitText(page, selector, re, timeout = TIMEOUT) {
   return page.$eval(selector, (e) => e.textContent);
 }
 
-/** Clicks `selector` inside a view the panel redraws on its 5 s refresh
- * (nodes, decisions). A redraw between puppeteer's lookup and its click
- * detaches the element it found, and puppeteer then throws before any mouse
- * event is sent; the click is made again on the element that replaced it. */
+/** Clicks `selector` inside a view the panel refreshes every 5 s (nodes,
+ * decisions). The refresh keeps an element that did not change, but one
+ * whose data changed is replaced: if that happens between puppeteer's
+ * lookup and its click, puppeteer throws before any mouse event is sent,
+ * and the click is made again on the element that replaced it. */
 export async function press(page, selector) {
   for (let attempt = 1; ; attempt++) {
     try {

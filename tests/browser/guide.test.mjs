@@ -210,6 +210,13 @@ describe("the panel: token, routing guide and nodes", () => {
     const sw = '#nodes button[role=switch][data-node="M2"]';
     await page.waitForSelector(`${sw}[aria-checked="false"]:not([disabled])`);
 
+    // A refresh keeps the switch it did not change in the page, so a press
+    // that straddles the redraw is not lost.
+    const kept = await page.$(sw);
+    const before = await refreshed(page);
+    await page.waitForFunction((b) => document.querySelector("#refreshed time")?.getAttribute("datetime") !== b, { timeout: 15_000 }, before);
+    assert.equal(await kept.evaluate((e) => e.isConnected), true, "the refresh replaced an unchanged switch");
+
     // Another writer changes the registry while the dialog is open: refused.
     await press(page, sw);
     await page.waitForSelector("#drain-dialog[open]");
