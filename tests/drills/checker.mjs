@@ -107,6 +107,38 @@ export function check({ commands, acks, calls, decisions, ccids, requireSettled 
   };
 }
 
+/**
+ * The calls no answer command reached, each with what explains it: the
+ * call's final state, whether a fence was granted, every webhook sent for
+ * it with its answer, and the fault windows ({ label, from, to }) that
+ * overlapped its life (its first send to its last). Not violations: a
+ * caller can hang up before the app answers, and a chaos fault can keep
+ * every retry of a call.initiated from being delivered.
+ */
+export function unansweredCalls({ commands, acks, calls, ccids }, windows = []) {
+  const answered = new Set(commands.filter((c) => c.action === "answer").map((c) => ccids[c.ccid]));
+  const sent = new Map();
+  for (const a of acks) {
+    if (!sent.has(a.session)) sent.set(a.session, []);
+    sent.get(a.session).push(a);
+  }
+  return Object.entries(calls)
+    .filter(([session]) => !answered.has(session))
+    .map(([session, call]) => {
+      const own = sent.get(session) ?? [];
+      const from = Math.min(...own.map((a) => a.at));
+      const to = Math.max(...own.map((a) => a.at));
+      return {
+        session,
+        state: call.state,
+        owner: call.owner ?? null,
+        fenced: Boolean(call.fence),
+        webhooks: own.map((a) => `+${a.at - from} ms ${a.type} ${a.status} ${a.status === 200 ? (a.body?.delivered_to ?? "") : answerCode(a)}`),
+        faults: windows.filter((w) => w.from <= to && w.to >= from).map((w) => w.label),
+      };
+    });
+}
+
 /** What an answer said: its error code (or the fake's `callfence` field, a short text, `?`). */
 export const answerCode = (a) => a.body?.error ?? a.body?.callfence ?? (typeof a.body === "string" ? a.body.slice(0, 40) : "?");
 

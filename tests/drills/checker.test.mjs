@@ -3,7 +3,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { callsIntact, check, commandId, epochOf, routedWhileMarked, unavailability } from "./checker.mjs";
+import { callsIntact, check, commandId, epochOf, routedWhileMarked, unansweredCalls, unavailability } from "./checker.mjs";
 
 const SHA = "0123456789abcdef0123456789abcdef01234567";
 
@@ -139,4 +139,30 @@ test("a broken call: answered twice, fenced but never answered, lost, or a send 
   const undelivered = structuredClone(h);
   undelivered.acks.push({ session: "s2", event_id: "e2", type: "call.initiated", status: 503 });
   assert.deepEqual(broken(undelivered), ["call_broken:s2"]);
+});
+
+test("unanswered calls are listed with their webhooks and the faults over their life", () => {
+  const h = clean();
+  // s3: delivered, hung up before the app took the fence; s4: never delivered.
+  h.ccids.c3 = "s3";
+  h.ccids.c4 = "s4";
+  h.acks.push(
+    { session: "s3", type: "call.initiated", status: 200, body: { delivered_to: "M1", epoch: 1 }, at: 1_000 },
+    { session: "s3", type: "call.hangup", status: 200, body: { delivered_to: "M1", epoch: 1 }, at: 1_400 },
+    { session: "s4", type: "call.initiated", status: 503, body: { error: "no_eligible_node" }, at: 5_000 },
+    { session: "s4", type: "call.initiated", status: 503, body: { error: "no_eligible_node" }, at: 5_500 },
+  );
+  h.calls.s3 = { owner: "M1", epoch: 1, state: "ended" };
+  h.calls.s4 = { owner: null, epoch: 0, state: "ended", fence: null };
+  const windows = [
+    { label: "blackhole M1", from: 0, to: 1_200 },
+    { label: "drained M2", from: 5_400, to: 9_000 },
+    { label: "stale M3", from: 2_000, to: 3_000 },
+  ];
+  assert.deepEqual(unansweredCalls(h, windows), [
+    { session: "s3", state: "ended", owner: "M1", fenced: false, webhooks: ["+0 ms call.initiated 200 M1", "+400 ms call.hangup 200 M1"], faults: ["blackhole M1"] },
+    { session: "s4", state: "ended", owner: null, fenced: false, webhooks: ["+0 ms call.initiated 503 no_eligible_node", "+500 ms call.initiated 503 no_eligible_node"], faults: ["drained M2"] },
+  ]);
+  // The answered calls are not listed.
+  assert.deepEqual(unansweredCalls(clean(), windows), []);
 });

@@ -3,7 +3,7 @@
 // figures, violations, ... }. `short` is the form `make test` runs (≤ 60 s).
 
 import { CANARY_CALLER, PLAIN_CALLER, sleep, standardPolicy, waitFor } from "../e2e/agents-cluster.mjs";
-import { answerCode, check, routedWhileMarked, tally, unavailability } from "./checker.mjs";
+import { answerCode, check, routedWhileMarked, tally, unansweredCalls, unavailability } from "./checker.mjs";
 import { collect, prng, runLoad } from "./load.mjs";
 import { stable, startStack, TIMINGS } from "./stack.mjs";
 import { compareDecisions, exportEdge, parseReplay, player, replayFile } from "./replay.mjs";
@@ -131,8 +131,10 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
     done = true;
     await faulting;
     const views = await settle(stack, load.sessions, maxDuration + 20_000);
-    const { violations, figures } = check(history(stack, load, views));
+    const recorded = history(stack, load, views);
+    const { violations, figures } = check(recorded);
     violations.push(...routedWhileMarked(views.decisions, windows));
+    const unanswered = unansweredCalls(recorded, windows);
     const per = unavailability(load.acks, windows);
     const byKind = {};
     for (const w of per) {
@@ -150,6 +152,8 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
       figures: { ...figures, faults_injected: windows.length, rate_503_overall: unavailability(load.acks, [{ from: 0, to: Infinity }])[0].rate_503 },
       rate_503_by_kind: byKind,
       not_200_by_answer: tally(load.acks.filter((a) => a.status !== 200), (a) => `${a.status} ${answerCode(a)}`),
+      unanswered_by_cause: tally(unanswered, (u) => (u.fenced ? "fenced, no answer" : u.webhooks.some((w) => / call\.initiated 200 /.test(w)) ? "delivered, no fence taken" : "call.initiated never delivered")),
+      unanswered,
       faults: per,
       targets,
       violations,
