@@ -1,7 +1,8 @@
 //! The local API, on loopback only, for the voice app and local probes.
 //!
 //! - `POST /local/answer {"call_control_id","call_session_id","epoch", ...options}`:
-//!   asks the edge for the answer fence (`POST /v1/fence`, node-signed); a
+//!   asks the edge for the answer fence (`POST /v1/fence`, node-signed, asked
+//!   again for up to 2.5 s while the edge is unreachable or answers 502-504); a
 //!   refused fence answers 409 `{"answered":false,"reason":..}` and Telnyx
 //!   is never called. A granted fence is followed by Telnyx `answer` with the
 //!   fence's `command_id` and the other options passed through, resent while
@@ -39,6 +40,7 @@ use callfence_core::wire::{
 
 use crate::clock::now_ms;
 use crate::context::Agent;
+use crate::edge::EdgeReply;
 use crate::mode::{self, NodeMode};
 
 /// Largest request body.
@@ -95,6 +97,48 @@ async fn answer(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
     }
 }
 
+/// Pauses between fence attempts while the edge is unreachable or answers
+/// 502, 503 or 504. Asking again is safe: the edge gives the same owner at
+/// the same epoch the same grant again (SPEC §8, `"first": false`), never a
+/// second one, so a reply lost in a restart of the edge or its Dispatcher
+/// costs a retry, not the call.
+const FENCE_RETRY_PAUSES_MS: [u64; 4] = [100, 250, 500, 1_000];
+
+/// No new fence attempt starts later than this after the first one: a
+/// fence that takes longer is reported unavailable (the voice app decides).
+const FENCE_RETRY_WINDOW_MS: i64 = 2_500;
+
+/// True for an edge reply worth asking again: no HTTP answer, or a 502,
+/// 503 or 504 (a refusal, a grant or any other status is final).
+fn transient(reply: &Result<EdgeReply, String>) -> bool {
+    match reply {
+        Err(_) => true,
+        Ok(r) => matches!(r.status, 502..=504),
+    }
+}
+
+/// `POST /v1/fence`, asked again after [`FENCE_RETRY_PAUSES_MS`] while the
+/// reply is [`transient`] and the [`FENCE_RETRY_WINDOW_MS`] allows.
+async fn ask_fence(agent: &Agent, request: &FenceRequest) -> Result<EdgeReply, String> {
+    let started = now_ms();
+    let mut pauses = FENCE_RETRY_PAUSES_MS.iter();
+    loop {
+        let reply = agent
+            .edge
+            .post_json(agent.keys.current(), "/v1/fence", request, now_ms())
+            .await;
+        match pauses.next() {
+            Some(&pause)
+                if transient(&reply)
+                    && now_ms() + pause as i64 - started <= FENCE_RETRY_WINDOW_MS =>
+            {
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            _ => return reply,
+        }
+    }
+}
+
 async fn answer_inner(agent: &Arc<Agent>, body: &[u8]) -> Result<Response, Response> {
     let refuse = |(s, v): Refusal| reply(s, v);
     let mut options = object(body).map_err(refuse)?;
@@ -120,10 +164,7 @@ async fn answer_inner(agent: &Arc<Agent>, body: &[u8]) -> Result<Response, Respo
         options.remove(k);
     }
     let request = FenceRequest::answer(&session, &ccid, epoch);
-    let fence = agent
-        .edge
-        .post_json(agent.keys.current(), "/v1/fence", &request, now_ms())
-        .await;
+    let fence = ask_fence(agent, &request).await;
     let log_fields = |outcome: &str| json!({"call_session_id": session, "call_control_id": ccid, "epoch": epoch, "outcome": outcome});
     let unavailable = |edge_status: Option<u16>| {
         let mut body = json!({"answered": false, "reason": "fence_unavailable"});

@@ -1,11 +1,14 @@
 //! The local API through the real binary: liveness and readiness, the rule
-//! that Telnyx is never called without a granted fence, and a dial reaching
-//! the shared fake Telnyx API.
+//! that Telnyx is never called without a granted fence, a fence asked again
+//! while the edge answers 503, and a dial reaching the shared fake Telnyx
+//! API.
 
 mod common;
 
 use common::*;
 use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_fence_means_no_telnyx_call_and_the_node_is_not_ready() {
@@ -107,4 +110,80 @@ async fn drain_sets_drained_and_returns_when_the_app_holds_no_call() {
     assert_eq!(report["active_calls"], 0);
     let mode = n.cmd(&["mode", "get"]);
     assert_eq!(String::from_utf8_lossy(&mode.stdout).trim(), "drained");
+}
+
+/// An edge stand-in on `port` whose `/v1/fence` answers 503
+/// `dispatcher_unavailable` to the first `failures` requests and then a
+/// grant; it counts the fence requests. Every other route is 404.
+async fn flaky_edge(port: u16, failures: usize) -> Arc<AtomicUsize> {
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    let asked = Arc::new(AtomicUsize::new(0));
+    let count = asked.clone();
+    let app = axum::Router::new().route(
+        "/v1/fence",
+        post(move || {
+            let count = count.clone();
+            async move {
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                if n < failures {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        axum::Json(json!({"error": "dispatcher_unavailable"})),
+                    )
+                } else {
+                    (
+                        StatusCode::OK,
+                        axum::Json(json!({
+                            "granted": true, "first": n == failures, "epoch": 3,
+                            "command_id": "5b3e2a2e-8f0c-5d1e-9a3b-0c1d2e3f4a5b",
+                            "media_token": "v1.m1.x.y", "granted_at": "2026-12-02T12:00:00.000Z"
+                        })),
+                    )
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    asked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_the_edge_answers_503_is_asked_again_and_the_call_answered_once() {
+    let keys = Keys::new();
+    let (app_url, _seen) = demo_app().await;
+    let telnyx = FakeTelnyx::start();
+    let mut n = node(&keys, &app_url, Some(&telnyx.url));
+    let asked = flaky_edge(n.edge_port, 2).await;
+    n.set_mode("active");
+    n.start().await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("http://{}/local/answer", n.local))
+        .json(&json!({"call_control_id": "v3:c1", "call_session_id": "s1", "epoch": 3}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (status.as_u16(), &v["answered"]),
+        (200, &json!(true)),
+        "{v}"
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 3, "two 503s, then the grant");
+    let answers: Vec<_> = telnyx
+        .record()
+        .await
+        .into_iter()
+        .filter(|c| c["action"] == "answer")
+        .collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(
+        answers[0]["body"]["command_id"],
+        "5b3e2a2e-8f0c-5d1e-9a3b-0c1d2e3f4a5b"
+    );
 }

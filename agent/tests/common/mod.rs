@@ -93,6 +93,9 @@ pub struct Node {
     pub config: PathBuf,
     pub origin: SocketAddr,
     pub local: SocketAddr,
+    /// The loopback port the config names as the edge (nothing listens on
+    /// it unless the test starts a stand-in there).
+    pub edge_port: u16,
     pub child: Option<Child>,
 }
 
@@ -174,6 +177,7 @@ drain_poll_ms = 100
         config,
         origin,
         local,
+        edge_port,
         child: None,
     }
 }
