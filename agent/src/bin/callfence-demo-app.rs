@@ -1,7 +1,8 @@
 //! `callfence-demo-app`: a tiny voice app for local development and the
 //! end-to-end suite. It serves the status contract (see
 //! `callfence_agent::probe`), takes webhooks from its agent on loopback, and
-//! on `call.initiated` (incoming) asks the agent's `/local/answer`, with the
+//! on `call.initiated` (incoming) asks the agent's `/local/answer` (again, for
+//! about 2 s, while the agent is unreachable), with the
 //! epoch from `Callfence-Epoch`. It counts a call from `call.initiated` to
 //! `call.hangup`. `GET /demo/events` lists every webhook it was handed (event
 //! id, type and how many times), and `--slow-ms` delays each webhook answer,
@@ -211,9 +212,22 @@ async fn call_event(app: Arc<App>, headers: HeaderMap, body: Bytes) -> Json<Valu
                 tokio::spawn(async move {
                     let url = format!("{}/local/answer", app.args.agent.trim_end_matches('/'));
                     let req = json!({"call_control_id": ccid, "call_session_id": session, "epoch": epoch});
-                    match app.http.post(url).json(&req).send().await {
-                        Ok(r) => eprintln!("answer {} -> {}", ccid, r.status()),
-                        Err(e) => eprintln!("answer {ccid} failed: {e}"),
+                    // The agent may be restarting: ask again while it is
+                    // unreachable (an answer at the same epoch is
+                    // idempotent; the agent itself retries the edge).
+                    let mut pauses = [100u64, 250, 500, 1_000].into_iter();
+                    loop {
+                        match app.http.post(&url).json(&req).send().await {
+                            Ok(r) => eprintln!("answer {} -> {}", ccid, r.status()),
+                            Err(e) => match pauses.next() {
+                                Some(ms) => {
+                                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                                    continue;
+                                }
+                                None => eprintln!("answer {ccid} failed: {e}"),
+                            },
+                        }
+                        break;
                     }
                 });
             }
