@@ -10,13 +10,19 @@ use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_fence_means_no_telnyx_call_and_the_node_is_not_ready() {
-    let keys = Keys::new();
+/// A node in mode `active` (not started yet) in front of the demo app, with
+/// the fake Telnyx API.
+async fn active_node() -> (FakeTelnyx, Node) {
     let (app_url, _seen) = demo_app().await;
     let telnyx = FakeTelnyx::start();
-    let mut n = node(&keys, &app_url, Some(&telnyx.url));
+    let n = node(&Keys::new(), &app_url, Some(&telnyx.url));
     n.set_mode("active");
+    (telnyx, n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_fence_means_no_telnyx_call_and_the_node_is_not_ready() {
+    let (telnyx, mut n) = active_node().await;
     n.start().await;
     let base = format!("http://{}", n.local);
     let http = reqwest::Client::new();
@@ -153,12 +159,8 @@ async fn flaky_edge(port: u16, failures: usize) -> Arc<AtomicUsize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_the_edge_answers_503_is_asked_again_and_the_call_answered_once() {
-    let keys = Keys::new();
-    let (app_url, _seen) = demo_app().await;
-    let telnyx = FakeTelnyx::start();
-    let mut n = node(&keys, &app_url, Some(&telnyx.url));
+    let (telnyx, mut n) = active_node().await;
     let asked = flaky_edge(n.edge_port, 2).await;
-    n.set_mode("active");
     n.start().await;
     let http = reqwest::Client::new();
     let r = http
