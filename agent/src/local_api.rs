@@ -97,16 +97,13 @@ async fn answer(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
     }
 }
 
-/// Pauses between fence attempts while the edge is unreachable or answers
-/// 502, 503 or 504. Asking again is safe: the edge gives the same owner at
-/// the same epoch the same grant again (SPEC §8, `"first": false`), never a
-/// second one, so a reply lost in a restart of the edge or its Dispatcher
-/// costs a retry, not the call.
-const FENCE_RETRY_PAUSES_MS: [u64; 4] = [100, 250, 500, 1_000];
-
-/// No new fence attempt starts later than this after the first one: a
-/// fence that takes longer is reported unavailable (the voice app decides).
-const FENCE_RETRY_WINDOW_MS: i64 = 2_500;
+/// No new fence attempt starts later than this after the first one (the
+/// pauses are [`crate::net::RETRY_PAUSES_MS`]): a fence that takes longer is
+/// reported unavailable, and the voice app decides. Asking again is safe:
+/// the edge gives the same owner at the same epoch the same grant again
+/// (SPEC §8, `"first": false`), never a second one, so a reply lost in a
+/// restart of the edge or its Dispatcher costs a retry, not the call.
+const FENCE_RETRY_WINDOW: Duration = Duration::from_millis(2_500);
 
 /// True for an edge reply worth asking again: no HTTP answer, or a 502,
 /// 503 or 504 (a refusal, a grant or any other status is final).
@@ -117,26 +114,19 @@ fn transient(reply: &Result<EdgeReply, String>) -> bool {
     }
 }
 
-/// `POST /v1/fence`, asked again after [`FENCE_RETRY_PAUSES_MS`] while the
-/// reply is [`transient`] and the [`FENCE_RETRY_WINDOW_MS`] allows.
+/// `POST /v1/fence`, asked again while the reply is [`transient`], within
+/// [`FENCE_RETRY_WINDOW`].
 async fn ask_fence(agent: &Agent, request: &FenceRequest) -> Result<EdgeReply, String> {
-    let started = now_ms();
-    let mut pauses = FENCE_RETRY_PAUSES_MS.iter();
-    loop {
-        let reply = agent
-            .edge
-            .post_json(agent.keys.current(), "/v1/fence", request, now_ms())
-            .await;
-        match pauses.next() {
-            Some(&pause)
-                if transient(&reply)
-                    && now_ms() + pause as i64 - started <= FENCE_RETRY_WINDOW_MS =>
-            {
-                tokio::time::sleep(Duration::from_millis(pause)).await;
-            }
-            _ => return reply,
-        }
-    }
+    crate::net::retried(
+        FENCE_RETRY_WINDOW,
+        || {
+            agent
+                .edge
+                .post_json(agent.keys.current(), "/v1/fence", request, now_ms())
+        },
+        transient,
+    )
+    .await
 }
 
 async fn answer_inner(agent: &Arc<Agent>, body: &[u8]) -> Result<Response, Response> {

@@ -1,7 +1,9 @@
 //! HTTP client plumbing shared by every outgoing request: one client that
-//! never follows redirects (a 3xx is an answer, not an instruction), and body
-//! reads bounded in size.
+//! never follows redirects (a 3xx is an answer, not an instruction), body
+//! reads bounded in size, and the paced retry of a request that is safe to
+//! repeat ([`retried`]).
 
+use std::future::Future;
 use std::time::Duration;
 
 use crate::AgentError;
@@ -49,9 +51,54 @@ pub fn describe(e: &reqwest::Error) -> String {
     }
 }
 
+/// Pauses between the tries of a request that is safe to send again: 0.1,
+/// 0.25, 0.5 and 1 s (five tries in all).
+pub const RETRY_PAUSES_MS: [u64; 4] = [100, 250, 500, 1_000];
+
+/// Runs `attempt` again after each of [`RETRY_PAUSES_MS`] while `again`
+/// says its result is worth another try and the pause still ends within
+/// `window` of the first try; returns the last result. Only for requests
+/// that are safe to repeat.
+pub async fn retried<T, F: Future<Output = T>>(
+    window: Duration,
+    mut attempt: impl FnMut() -> F,
+    again: impl Fn(&T) -> bool,
+) -> T {
+    let started = tokio::time::Instant::now();
+    let mut pauses = RETRY_PAUSES_MS.iter();
+    loop {
+        let result = attempt().await;
+        match pauses.next() {
+            Some(&ms)
+                if again(&result) && started.elapsed() + Duration::from_millis(ms) <= window =>
+            {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            _ => return result,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn retried_tries_five_times_at_most_and_stops_on_a_final_result_or_the_window() {
+        async fn count(tries: &std::cell::Cell<u32>) -> u32 {
+            tries.set(tries.get() + 1);
+            tries.get()
+        }
+        let tries = std::cell::Cell::new(0);
+        let last = retried(Duration::MAX, || count(&tries), |_| true).await;
+        assert_eq!((last, tries.get()), (5, 5), "one try and four pauses");
+        tries.set(0);
+        let last = retried(Duration::MAX, || count(&tries), |n| *n < 2).await;
+        assert_eq!(last, 2, "a final result ends it");
+        tries.set(0);
+        let last = retried(Duration::ZERO, || count(&tries), |_| true).await;
+        assert_eq!(last, 1, "no pause fits a window of zero");
+    }
     use std::io::{Read, Write};
 
     /// A loopback server answering every connection with `raw`.

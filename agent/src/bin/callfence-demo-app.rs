@@ -215,19 +215,15 @@ async fn call_event(app: Arc<App>, headers: HeaderMap, body: Bytes) -> Json<Valu
                     // The agent may be restarting: ask again while it is
                     // unreachable (an answer at the same epoch is
                     // idempotent; the agent itself retries the edge).
-                    let mut pauses = [100u64, 250, 500, 1_000].into_iter();
-                    loop {
-                        match app.http.post(&url).json(&req).send().await {
-                            Ok(r) => eprintln!("answer {} -> {}", ccid, r.status()),
-                            Err(e) => match pauses.next() {
-                                Some(ms) => {
-                                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-                                    continue;
-                                }
-                                None => eprintln!("answer {ccid} failed: {e}"),
-                            },
-                        }
-                        break;
+                    let answered = callfence_agent::net::retried(
+                        std::time::Duration::MAX,
+                        || app.http.post(&url).json(&req).send(),
+                        |r| r.is_err(),
+                    )
+                    .await;
+                    match answered {
+                        Ok(r) => eprintln!("answer {} -> {}", ccid, r.status()),
+                        Err(e) => eprintln!("answer {ccid} failed: {e}"),
                     }
                 });
             }
