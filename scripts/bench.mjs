@@ -289,10 +289,11 @@ function perfGroups(report) {
  * BENCH_PERF needs V8's perf map to name JIT code: the first run starts
  * itself again with scripts/v8-flags.cjs preloaded and
  * `--perf-basic-prof` for workerd, removes the maps afterwards, and exits
- * with the child's status.
+ * with the child's status; otherwise (no BENCH_PERF, or already the child)
+ * it returns and this process runs the bench.
  */
 function profiledRun() {
-  if (!process.env.BENCH_PERF || process.env.CALLFENCE_V8_FLAGS) return false;
+  if (!process.env.BENCH_PERF || process.env.CALLFENCE_V8_FLAGS) return;
   const maps = () => new Set(readdirSync("/tmp").filter((f) => /^perf-\d+\.map$/.test(f)));
   const before = maps();
   const child = spawnSync(process.execPath, ["--require", join(ROOT, "scripts/v8-flags.cjs"), ...process.argv.slice(1)], {
@@ -701,8 +702,6 @@ function conditions() {
   };
 }
 
-// -------------------------------------------------------------- the run ----
-
 // ------------------------------------------------------------ wasm floor ----
 
 /**
@@ -735,6 +734,8 @@ function wasmFloor() {
   };
   return { verify: micros(0), mint: micros(1), parse: micros(2), v8: process.versions.v8 };
 }
+
+// -------------------------------------------------------------- the run ----
 
 async function main() {
   const before = conditions();

@@ -33,26 +33,35 @@ export function epochOf(ccid, id, limit = 64) {
 const OPEN = new Set(["pending_assignment", "assigned", "answered"]);
 const ASSIGNING = new Set(["assigned", "reassigned"]);
 
+/** The `answer` commands Telnyx received, by call session. */
+function answersBySession(commands, ccids) {
+  const out = new Map();
+  for (const c of commands) {
+    if (c.action !== "answer") continue;
+    const session = ccids[c.ccid];
+    if (!out.has(session)) out.set(session, []);
+    out.get(session).push(c);
+  }
+  return out;
+}
+
+/** A command's id (the fake records it in the body or beside it). */
+const idOf = (c) => c.body?.command_id ?? c.command_id;
+
 /** Checks a history; returns { violations, figures }. */
 export function check({ commands, acks, calls, decisions, ccids, requireSettled = true }) {
   const violations = [];
   const flag = (kind, session, evidence) => violations.push({ kind, session, evidence });
 
-  const answersBySession = new Map();
-  for (const c of commands) {
-    if (c.action !== "answer") continue;
-    const session = ccids[c.ccid];
-    if (!answersBySession.has(session)) answersBySession.set(session, []);
-    answersBySession.get(session).push(c);
-  }
-  for (const [session, answers] of answersBySession) {
+  const answered = answersBySession(commands, ccids);
+  for (const [session, answers] of answered) {
     const call = calls[session];
-    const ids = new Set(answers.map((a) => a.body?.command_id ?? a.command_id));
+    const ids = new Set(answers.map(idOf));
     const nodes = new Set(answers.map((a) => a.node));
     if (ids.size > 1) flag("second_answer", session, { command_ids: [...ids] });
     if (nodes.size > 1) flag("answered_by_two_nodes", session, { nodes: [...nodes] });
     for (const a of answers) {
-      const id = a.body?.command_id ?? a.command_id;
+      const id = idOf(a);
       const epoch = epochOf(a.ccid, id, Math.max(64, (call?.epoch ?? 0) + 8));
       if (!call || epoch !== call.epoch || a.node !== call.owner) {
         flag("answer_superseded_epoch", session, {
@@ -93,12 +102,11 @@ export function check({ commands, acks, calls, decisions, ccids, requireSettled 
     }
   }
 
-  const answered = [...answersBySession.values()].filter((a) => a.length > 0).length;
   return {
     violations,
     figures: {
       calls: Object.keys(calls).length,
-      answered_calls: answered,
+      answered_calls: answered.size,
       answer_commands: commands.filter((c) => c.action === "answer").length,
       webhooks: acks.length,
       acks_200: acks.filter((a) => a.status === 200).length,
@@ -116,7 +124,7 @@ export function check({ commands, acks, calls, decisions, ccids, requireSettled 
  * every retry of a call.initiated from being delivered.
  */
 export function unansweredCalls({ commands, acks, calls, ccids }, windows = []) {
-  const answered = new Set(commands.filter((c) => c.action === "answer").map((c) => ccids[c.ccid]));
+  const answered = answersBySession(commands, ccids);
   const sent = new Map();
   for (const a of acks) {
     if (!sent.has(a.session)) sent.set(a.session, []);
@@ -128,11 +136,14 @@ export function unansweredCalls({ commands, acks, calls, ccids }, windows = []) 
       const own = sent.get(session) ?? [];
       const from = Math.min(...own.map((a) => a.at));
       const to = Math.max(...own.map((a) => a.at));
+      const fenced = Boolean(call.fence);
+      const delivered = own.some((a) => a.type === "call.initiated" && a.status === 200);
       return {
         session,
         state: call.state,
         owner: call.owner ?? null,
-        fenced: Boolean(call.fence),
+        fenced,
+        cause: fenced ? "fenced, no answer" : delivered ? "delivered, no fence taken" : "call.initiated never delivered",
         webhooks: own.map((a) => `+${a.at - from} ms ${a.type} ${a.status} ${a.status === 200 ? (a.body?.delivered_to ?? "") : answerCode(a)}`),
         faults: windows.filter((w) => w.from <= to && w.to >= from).map((w) => w.label),
       };
@@ -195,13 +206,12 @@ export function routedWhileMarked(decisions, windows) {
  * none).
  */
 export function callsIntact({ calls, commands, ccids, acks }, fencedUnanswered = null) {
-  const answered = new Map();
-  for (const c of commands) if (c.action === "answer") answered.set(ccids[c.ccid], (answered.get(ccids[c.ccid]) ?? new Set()).add(c.body?.command_id ?? c.command_id));
+  const answered = answersBySession(commands, ccids);
   const last = new Map();
   for (const a of acks) last.set(`${a.session} ${a.type}`, a.status);
   const violations = [];
   for (const [session, call] of Object.entries(calls)) {
-    const answers = answered.get(session)?.size ?? 0;
+    const answers = new Set((answered.get(session) ?? []).map(idOf)).size;
     const init = last.get(`${session} call.initiated`);
     const hung = last.get(`${session} call.hangup`);
     const unanswered = Boolean(call.fence) && answers === 0;

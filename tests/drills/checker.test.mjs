@@ -160,8 +160,8 @@ test("unanswered calls are listed with their webhooks and the faults over their 
     { label: "stale M3", from: 2_000, to: 3_000 },
   ];
   assert.deepEqual(unansweredCalls(h, windows), [
-    { session: "s3", state: "ended", owner: "M1", fenced: false, webhooks: ["+0 ms call.initiated 200 M1", "+400 ms call.hangup 200 M1"], faults: ["blackhole M1"] },
-    { session: "s4", state: "ended", owner: null, fenced: false, webhooks: ["+0 ms call.initiated 503 no_eligible_node", "+500 ms call.initiated 503 no_eligible_node"], faults: ["drained M2"] },
+    { session: "s3", state: "ended", owner: "M1", fenced: false, cause: "delivered, no fence taken", webhooks: ["+0 ms call.initiated 200 M1", "+400 ms call.hangup 200 M1"], faults: ["blackhole M1"] },
+    { session: "s4", state: "ended", owner: null, fenced: false, cause: "call.initiated never delivered", webhooks: ["+0 ms call.initiated 503 no_eligible_node", "+500 ms call.initiated 503 no_eligible_node"], faults: ["drained M2"] },
   ]);
   // The answered calls are not listed.
   assert.deepEqual(unansweredCalls(clean(), windows), []);

@@ -152,7 +152,7 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
       figures: { ...figures, faults_injected: windows.length, rate_503_overall: unavailability(load.acks, [{ from: 0, to: Infinity }])[0].rate_503 },
       rate_503_by_kind: byKind,
       not_200_by_answer: tally(load.acks.filter((a) => a.status !== 200), (a) => `${a.status} ${answerCode(a)}`),
-      unanswered_by_cause: tally(unanswered, (u) => (u.fenced ? "fenced, no answer" : u.webhooks.some((w) => / call\.initiated 200 /.test(w)) ? "delivered, no fence taken" : "call.initiated never delivered")),
+      unanswered_by_cause: tally(unanswered, (u) => u.cause),
       unanswered,
       faults: per,
       targets,
