@@ -49,6 +49,13 @@
 //     BENCH_WASM_CRYPTO names, run in Node's V8): the Telnyx signature check
 //     and envelope parse the Worker makes, and the assertion the Dispatcher
 //     mints, per call.
+// 12. the contract's floor: a JavaScript Worker and SQLite Durable Object
+//     doing only the steps the contract requires (signature check, one
+//     Durable Object round trip, ownership committed before the forward, a
+//     signed assertion, the forward, the outcome committed before the
+//     answer), the cheapest way the runtime offers (FLOOR below), in the
+//     sequential loop beside callfence and the pass-through: its latency
+//     and its CPU per webhook bound what any implementation can reach here.
 //
 // BENCH_PERF=<file> also samples the callfence workerd with `perf record`
 // (cpu-clock) over the sequential phase and prints its CPU by kind of code
@@ -480,6 +487,15 @@ function checkCallfence(status, text, call) {
 function checkPassthrough(status, text) {
   if (status !== 200 || text !== '{"ok":true}') failures.push(`pass-through: ${status} ${text.slice(0, 200)}`);
 }
+function checkFloor(status, text, call) {
+  let body = null;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    // reported below
+  }
+  if (status !== 200 || body?.delivered_to !== NODE || body?.event_id !== call.id) failures.push(`floor: ${status} ${text.slice(0, 200)}`);
+}
 
 // ---------------------------------------------------------- worker only ----
 
@@ -592,6 +608,93 @@ async function workerOnly(keys, compatibilityDate) {
     await hop.dispose();
     await worker.dispose();
   }
+}
+
+// The contract's floor in the runtime's own terms: a JavaScript Worker and
+// a JavaScript SQLite Durable Object doing the steps callfence's contract
+// requires and nothing else, each the cheapest way the runtime offers. The
+// Worker checks the Telnyx signature (WebCrypto Ed25519, native code) and
+// the timestamp, parses the envelope and makes one Durable Object round
+// trip with the head line and the raw body; the Durable Object makes the
+// ownership durable before the forward (one INSERT, committed: the forward
+// waits on the output gate), signs an assertion (SHA-256 of the body,
+// WebCrypto Ed25519), forwards the body to the origin, makes the outcome
+// durable before the answer (one UPDATE) and answers. No policy, no
+// registry, no heartbeat, no fence, no dedup beyond the primary key, no
+// alarm, no log line: a lower bound for any implementation of the
+// contract on this runtime, measured beside callfence in the same loop.
+const FLOOR = `
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+const b64 = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
+const hex = (buf) => [...new Uint8Array(buf)].map((x) => x.toString(16).padStart(2, "0")).join("");
+let telnyxKey = null;
+let signingKey = null;
+export class Dispatcher {
+  constructor(state, env) {
+    this.storage = state.storage;
+    this.env = env;
+    this.storage.sql.exec("CREATE TABLE IF NOT EXISTS calls (session TEXT PRIMARY KEY, event_id TEXT NOT NULL, node TEXT NOT NULL, epoch INTEGER NOT NULL, state TEXT NOT NULL, status INTEGER)");
+  }
+  async fetch(request) {
+    const bytes = new Uint8Array(await request.arrayBuffer());
+    const nl = bytes.indexOf(10);
+    const head = JSON.parse(decoder.decode(bytes.subarray(0, nl)));
+    const body = bytes.subarray(nl + 1);
+    const e = head.envelope;
+    const epoch = this.storage.transactionSync(() =>
+      this.storage.sql.exec("INSERT INTO calls (session, event_id, node, epoch, state) VALUES (?, ?, ?, 1, 'assigned') RETURNING epoch",
+        e.call_session_id, e.event_id, "${NODE}").one().epoch);
+    signingKey ??= (await crypto.subtle.generateKey({ name: "Ed25519" }, false, ["sign", "verify"])).privateKey;
+    const digest = hex(await crypto.subtle.digest("SHA-256", body));
+    const assertion = JSON.stringify({ node: "${NODE}", call_session_id: e.call_session_id, event_id: e.event_id, epoch, body_sha256: digest, iat: Date.now() });
+    const signature = btoa(String.fromCharCode(...new Uint8Array(await crypto.subtle.sign("Ed25519", signingKey, encoder.encode(assertion)))));
+    const res = await fetch(this.env.ORIGIN_URL, { method: "POST", body, redirect: "manual",
+      headers: { "content-type": "application/json", "x-assertion": btoa(assertion), "x-assertion-signature": signature } });
+    await res.text();
+    this.storage.sql.exec("UPDATE calls SET state = 'delivered', status = ? WHERE session = ?", res.status, e.call_session_id);
+    return new Response(JSON.stringify({ v: 2, ok: true, answer: { delivered_to: "${NODE}", epoch, event_id: e.event_id } }));
+  }
+}
+export default {
+  async fetch(request, env) {
+    const received_at_ms = Date.now();
+    const body = new Uint8Array(await request.arrayBuffer());
+    const timestamp = request.headers.get("telnyx-timestamp") ?? "";
+    const signature = request.headers.get("telnyx-signature-ed25519") ?? "";
+    if (Math.abs(received_at_ms / 1000 - Number(timestamp)) > 300) return new Response("stale", { status: 401 });
+    telnyxKey ??= await crypto.subtle.importKey("raw", b64(env.TELNYX_PUBLIC_KEY), { name: "Ed25519" }, false, ["verify"]);
+    const signed = new Uint8Array([...encoder.encode(timestamp + "|"), ...body]);
+    if (!(await crypto.subtle.verify("Ed25519", telnyxKey, b64(signature), signed))) return new Response("bad signature", { status: 401 });
+    const data = JSON.parse(decoder.decode(body)).data;
+    const p = data.payload;
+    const envelope = { event_id: data.id, event_type: data.event_type, call_session_id: p.call_session_id, call_control_id: p.call_control_id,
+      from: p.from, to: p.to, direction: p.direction, connection_id: p.connection_id };
+    const head = encoder.encode(JSON.stringify({ v: 2, op: "webhook", envelope, received_at_ms }) + "\\n");
+    const message = new Uint8Array(head.length + body.length);
+    message.set(head);
+    message.set(body, head.length);
+    const stub = env.DISPATCHER.get(env.DISPATCHER.idFromName("global"));
+    const answer = await (await stub.fetch("https://dispatcher/webhook", { method: "POST", body: message })).json();
+    return new Response(JSON.stringify(answer.answer), { status: 200, headers: { "content-type": "application/json" } });
+  },
+};
+`;
+
+/** The contract's floor (FLOOR) in its own workerd, storage on `dir`. */
+function startFloor(keys, origin, compatibilityDate, dir) {
+  const floor = new Miniflare({
+    host: "127.0.0.1",
+    port: 0,
+    cf: false,
+    modules: true,
+    script: FLOOR,
+    compatibilityDate,
+    bindings: { ORIGIN_URL: origin.url, TELNYX_PUBLIC_KEY: keys.telnyx.publicKey },
+    durableObjects: { DISPATCHER: { className: "Dispatcher", useSQLite: true } },
+    durableObjectsPersist: dir,
+  });
+  return floor.ready.then((url) => ({ url, dispose: () => floor.dispose() }));
 }
 
 // A driver Worker beside the real one, bound to the same Dispatcher: it
@@ -766,6 +869,8 @@ async function main() {
     });
     return passthrough.ready;
   });
+  const floorDir = mkdtempSync(join(shmDir ? "/dev/shm" : os.tmpdir(), "callfence-floor-"));
+  const { result: floorRun, pid: floorPid } = await newWorkerd(() => startFloor(keys, origin, before.compatibilityDate, floorDir));
   let stopBeating = () => {};
   try {
     stopBeating = await setUpCallfence(edge, origin, node);
@@ -774,9 +879,11 @@ async function main() {
     const phase = new Map(); // event id -> "latency" | "throughput"
     const cf = [];
     const pt = [];
+    const fl = [];
     const total = WARMUP + CALLS;
     const cfCpu = new CpuPerRequest(edgePid);
     const ptCpu = new CpuPerRequest(passthroughPid);
+    const flCpu = new CpuPerRequest(floorPid);
     const started1 = performance.now();
     let cpu0 = null;
     let stopPerf = null;
@@ -784,11 +891,12 @@ async function main() {
     for (let i = 0; i < total; i += 1) {
       if (i === WARMUP) {
         profile0 = await dispatcherProfile(edge);
-        cpu0 = { edge: cpuMs(edgePid), passthrough: cpuMs(passthroughPid) };
+        cpu0 = { edge: cpuMs(edgePid), passthrough: cpuMs(passthroughPid), floor: cpuMs(floorPid) };
         if (process.env.BENCH_PERF) stopPerf = startPerf(edgePid, process.env.BENCH_PERF);
       }
       const a = newCall(keys, "seq", i);
       const b = newCall(keys, "pt", i);
+      const f = newCall(keys, "fl", i);
       const measured = i >= WARMUP;
       const runCf = () => {
         cfCpu.mark(measured);
@@ -798,18 +906,27 @@ async function main() {
         ptCpu.mark(measured);
         return timed(passthroughUrl, b, checkPassthrough);
       };
+      const runFl = () => {
+        flCpu.mark(measured);
+        return timed(floorRun.url, f, checkFloor);
+      };
+      // ABC then CBA, so load from other processes hits the three alike.
       let tCf;
       let tPt;
+      let tFl;
       if (i % 2 === 0) {
         tCf = await runCf();
         tPt = await runPt();
+        tFl = await runFl();
       } else {
+        tFl = await runFl();
         tPt = await runPt();
         tCf = await runCf();
       }
       if (i >= WARMUP) {
         cf.push(tCf);
         pt.push(tPt);
+        fl.push(tFl);
         phase.set(a.id, "latency");
       }
     }
@@ -818,9 +935,11 @@ async function main() {
     await new Promise((resolve) => setTimeout(resolve, 50));
     cfCpu.mark(false);
     ptCpu.mark(false);
+    flCpu.mark(false);
     const cpu = {
       callfence: (cpuMs(edgePid) - cpu0.edge) / CALLS,
       passthrough: (cpuMs(passthroughPid) - cpu0.passthrough) / CALLS,
+      floor: (cpuMs(floorPid) - cpu0.floor) / CALLS,
     };
     const profile1 = await dispatcherProfile(edge);
     const profile = {
@@ -933,6 +1052,8 @@ async function main() {
     const rate = THROUGHPUT_CALLS / throughputSeconds;
     const cfC = summary(cfCpu.samples);
     const ptC = summary(ptCpu.samples);
+    const flC = summary(flCpu.samples);
+    const l = summary(fl);
     const woReal = summary(only.real);
     const woFloor = summary(only.floor);
     const workerOwnMedian = woReal.p50 - woFloor.p50;
@@ -954,6 +1075,8 @@ async function main() {
       `  callfence     p50 ${ms(c.p50)}  p99 ${ms(c.p99)}  (mean ${ms(c.mean)}, max ${ms(c.max)})`,
       `  pass-through  p50 ${ms(p.p50)}  p99 ${ms(p.p99)}  (mean ${ms(p.mean)}, max ${ms(p.max)})`,
       `  ratio         p50 ${(c.p50 / p.p50).toFixed(2)}x  p99 ${(c.p99 / p.p99).toFixed(2)}x; callfence adds ${ms(c.p50 - p.p50)} at p50`,
+      `  floor         p50 ${ms(l.p50)}  p99 ${ms(l.p99)}  (mean ${ms(l.mean)}, max ${ms(l.max)}): the contract's steps in JavaScript, nothing else (FLOOR in scripts/bench.mjs)`,
+      `  floor ratio   p50 ${(l.p50 / p.p50).toFixed(2)}x  p99 ${(l.p99 / p.p99).toFixed(2)}x to the pass-through; callfence to the floor p50 ${(c.p50 / l.p50).toFixed(2)}x  p99 ${(c.p99 / l.p99).toFixed(2)}x`,
       `throughput: ${THROUGHPUT_CALLS} distinct new calls, ${CONCURRENCY} in flight, one Dispatcher: ${rate.toFixed(0)} assignments/s (${throughputSeconds.toFixed(2)} s; latency p50 ${ms(t.p50)}, p99 ${ms(t.p99)}); ${CALLS + WARMUP} calls already open; first quarter ${firstQuarter.toFixed(0)}/s, last quarter ${lastQuarter.toFixed(0)}/s`,
       o
         ? `Worker's own time per webhook (ms - wait_ms from its log lines, ${o.n} sequential webhooks): median ${o.p50} ms, mean ${o.mean.toFixed(2)} ms, p90 ${o.p90} ms, p99 ${o.p99} ms` +
@@ -963,6 +1086,7 @@ async function main() {
       `  includes: route, config, body read, Telnyx Ed25519 verify, envelope parse, JSON to/from the Dispatcher, assertion minting (Ed25519 sign), building the forward and the answer; excludes: the Dispatcher's own work and storage, the origin, the HTTP hop from the client. 1 ms clock resolution per reading.`,
       `CPU per webhook, whole workerd process (utime+stime from /proc, ${CALLS} sequential webhooks, ${CLOCK_TICKS} ticks/s): callfence ${ms(cpu.callfence)}, pass-through ${ms(cpu.passthrough)} (ratio ${(cpu.callfence / cpu.passthrough).toFixed(2)}x)`,
       `  per webhook from schedstat (ns, every thread, request start to next request start): callfence median ${ms(cfC.p50, 3)} (mean ${ms(cfC.mean, 3)}, p90 ${ms(cfC.p90, 3)}), pass-through median ${ms(ptC.p50, 3)} (mean ${ms(ptC.mean, 3)}, p90 ${ms(ptC.p90, 3)})`,
+      `  the contract's floor (FLOOR: JavaScript Worker and SQLite Durable Object, WebCrypto Ed25519, one INSERT and one UPDATE in two commits, one forward): ${ms(cpu.floor)} from /proc, median ${ms(flC.p50, 3)} (mean ${ms(flC.mean, 3)}) from schedstat; callfence to the floor ${(cpu.callfence / cpu.floor).toFixed(2)}x (median ${(cfC.p50 / flC.p50).toFixed(2)}x)`,
       `Worker's own CPU per webhook (schedstat, ${woReal.n} webhooks each, interleaved ABBA): the Worker in front of a stand-in Dispatcher that answers at once median ${ms(woReal.p50, 3)} (mean ${ms(woReal.mean, 3)}) - a JavaScript Worker making the same hop to the same stand-in median ${ms(woFloor.p50, 3)} (mean ${ms(woFloor.mean, 3)}) = median ${ms(workerOwnMedian, 3)} (mean ${ms(woReal.mean - woFloor.mean, 3)})`,
       floor
         ? `  of which the wasm alone does (examples/wasm_crypto.rs, release profile, Node's V8 ${floor.v8}, median of 15 x 100): Telnyx signature check ${floor.verify.toFixed(0)} us, envelope parse ${floor.parse.toFixed(0)} us; and in the Dispatcher, minting the assertion ${floor.mint.toFixed(0)} us`
@@ -989,7 +1113,7 @@ async function main() {
     console.log("\n== bench: Worker end to end (local workerd)");
     for (const line of [...conditionLines, "", ...figureLines]) console.log(line);
     if (lines.length < expected) console.log(`note: ${lines.length} of ${expected} log lines were captured`);
-    const forwarded = 2 * (WARMUP + CALLS) + THROUGHPUT_CALLS + overload.taken.length;
+    const forwarded = 3 * (WARMUP + CALLS) + THROUGHPUT_CALLS + overload.taken.length;
     if (origin.received < forwarded) {
       throw new Error(`the origin received ${origin.received} requests, expected ${forwarded}`);
     }
@@ -1017,6 +1141,12 @@ async function main() {
           cpu_ms_per_webhook_median: cfC.p50,
           cpu_ms_per_webhook_mean_schedstat: cfC.mean,
           passthrough_cpu_ms_per_webhook_median: ptC.p50,
+          floor_p50_ms: l.p50,
+          floor_p99_ms: l.p99,
+          floor_cpu_ms_per_webhook: cpu.floor,
+          floor_cpu_ms_per_webhook_median: flC.p50,
+          p50_ratio_to_floor: c.p50 / l.p50,
+          cpu_ratio_to_floor: cpu.callfence / cpu.floor,
           worker_cpu_ms_median: workerOwnMedian,
           worker_cpu_ms_mean: woReal.mean - woFloor.mean,
           worker_only_cpu_ms_median: woReal.p50,
@@ -1046,6 +1176,8 @@ async function main() {
   } finally {
     stopBeating();
     await passthrough.dispose();
+    await floorRun.dispose();
+    rmSync(floorDir, { recursive: true, force: true });
     await edge.dispose();
     if (shmDir) rmSync(shmDir, { recursive: true, force: true });
     await origin.close();
