@@ -57,6 +57,9 @@
 //     sequential loop beside callfence and the pass-through: its latency
 //     and its CPU per webhook bound what any implementation can reach here.
 //
+// BENCH_CROSSINGS=1 also counts the calls from the wasm into JavaScript
+// (wasm-bindgen's imports: runtime APIs, the SQL helper, Date.now, glue)
+// per sequential webhook, by import, on a counting copy of the build.
 // BENCH_PERF=<file> also samples the callfence workerd with `perf record`
 // (cpu-clock) over the sequential phase and prints its CPU by kind of code
 // (JIT code, V8 runtime and compilers, SQLite, kernel, kj I/O, ...).
@@ -80,7 +83,7 @@
 import { Miniflare } from "miniflare";
 import { execFileSync, spawn, spawnSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import os from "node:os";
 import { join } from "node:path";
@@ -784,6 +787,72 @@ async function dispatcherOnly(edge, origin) {
   return { webhook, writes, ping, shed: shedByDriver.webhook };
 }
 
+// ------------------------------------------------------------ crossings ----
+
+// The import object worker-build's index.js hands the wasm, and the
+// Worker's fetch entry: a counting copy wraps the first and answers the
+// counts at `/__crossings` from the second. Both are matched exactly, so a
+// worker-build whose output differs fails here instead of counting nothing.
+const IMPORTS = "new WebAssembly.Instance(ee,re())";
+const ENTRY = "L.prototype.fetch=function(e){return ne.call(this,e,this.env,this.ctx)}";
+const COUNTING = `
+globalThis.__crossings = { total: 0, by: {} };
+function __countImports(object) {
+  const imports = object["./index_bg.js"];
+  for (const name of Object.keys(imports)) {
+    const f = imports[name];
+    if (typeof f !== "function") continue;
+    const key = name.replace(/_[0-9a-f]{16}$/, "");
+    imports[name] = function (...args) {
+      const c = globalThis.__crossings;
+      c.total += 1;
+      c.by[key] = (c.by[key] ?? 0) + 1;
+      return f.apply(this, args);
+    };
+  }
+  return object;
+}
+`;
+
+/** A copy of build/ whose wasm imports count their calls; its directory. */
+function countingBuild() {
+  const dir = join(ROOT, "target/bench-crossings");
+  mkdirSync(dir, { recursive: true });
+  copyFileSync(join(ROOT, "build/index_bg.wasm"), join(dir, "index_bg.wasm"));
+  let js = readFileSync(join(ROOT, "build/index.js"), "utf8");
+  for (const needle of [IMPORTS, ENTRY]) {
+    if (!js.includes(needle)) throw new Error(`BENCH_CROSSINGS: build/index.js has no \`${needle}\` (worker-build's output changed)`);
+  }
+  js = js.replaceAll(IMPORTS, "new WebAssembly.Instance(ee,__countImports(re()))");
+  js = js.replace(
+    ENTRY,
+    "L.prototype.fetch=function(e){if(new URL(e.url).pathname==='/__crossings'){const r=Response.json(globalThis.__crossings);globalThis.__crossings={total:0,by:{}};return r}return ne.call(this,e,this.env,this.ctx)}",
+  );
+  writeFileSync(join(dir, "index.js"), `${COUNTING}\n${js}`);
+  return dir;
+}
+
+/**
+ * BENCH_CROSSINGS=1: the counting copy in its own workerd, set up like the
+ * bench's, WARMUP then CALLS sequential new calls; the calls from the wasm
+ * into JavaScript per webhook (Worker and Dispatcher together), by import.
+ */
+async function crossings(keys, origin) {
+  const edge = await startEdge({ keys, bindings: { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS) }, build: countingBuild() });
+  const stopBeating = await setUpCallfence(edge, origin, ed25519());
+  const counts = async () => (await fetch(new URL("/__crossings", edge.url))).json();
+  try {
+    for (let i = 0; i < WARMUP; i += 1) await timed(edge.url, newCall(keys, "xw", i), checkCallfence);
+    await counts();
+    for (let i = 0; i < CALLS; i += 1) await timed(edge.url, newCall(keys, "x", i), checkCallfence);
+    const { total, by } = await counts();
+    return { perWebhook: total / CALLS, by: Object.entries(by).map(([name, n]) => [name, n / CALLS]).sort((a, b) => b[1] - a[1]) };
+  } finally {
+    stopBeating();
+    await edge.dispose();
+  }
+}
+
 // ------------------------------------------------------------ conditions ----
 
 function conditions() {
@@ -1019,6 +1088,7 @@ async function main() {
     const alone = await dispatcherOnly(edge, origin);
     // The Worker's own CPU, against a stand-in Dispatcher (two more workerd).
     const only = await workerOnly(keys, before.compatibilityDate);
+    const crossed = process.env.BENCH_CROSSINGS === "1" ? await crossings(keys, origin) : null;
 
     // 3. The Worker's own time, from its log lines.
     const expected = CALLS + THROUGHPUT_CALLS;
@@ -1120,6 +1190,10 @@ async function main() {
       `overload: ${OVERLOAD_CALLS} new calls, ${OVERLOAD_CONCURRENCY} in flight (${overloadSeconds.toFixed(2)} s): ${overload.taken.length} taken (p50 ${ms(summary(overload.taken).p50)}, p99 ${ms(summary(overload.taken).p99)}), ${overload.shed.length} shed with 503 overloaded${overload.shed.length ? ` (p50 ${ms(summary(overload.shed).p50)}, p99 ${ms(summary(overload.shed).p99)})` : ""}`,
       `size: build/index_bg.wasm ${b.wasmRaw} bytes raw (${(b.wasmRaw / 1024).toFixed(0)} KiB), ${b.wasmGzip} bytes gzipped (${(b.wasmGzip / 1024).toFixed(0)} KiB)`,
     ];
+    if (crossed) {
+      figureLines.push(`crossings from the wasm into JavaScript per sequential webhook (BENCH_CROSSINGS, Worker and Dispatcher together, ${CALLS} webhooks): ${crossed.perWebhook.toFixed(1)}, by import:`);
+      for (const [name, n] of crossed.by) figureLines.push(`  ${n.toFixed(2).padStart(7)}  ${name}`);
+    }
     if (perf) {
       figureLines.push(`perf (BENCH_PERF: perf record -e cpu-clock of the callfence workerd over the sequential phase), share of its CPU:`);
       for (const [group, p] of perf.groups) figureLines.push(`  ${p.toFixed(1).padStart(5)}%  ${group}`);
@@ -1130,7 +1204,7 @@ async function main() {
     console.log("\n== bench: Worker end to end (local workerd)");
     for (const line of [...conditionLines, "", ...figureLines]) console.log(line);
     if (lines.length < expected) console.log(`note: ${lines.length} of ${expected} log lines were captured`);
-    const forwarded = 3 * (WARMUP + CALLS) + THROUGHPUT_CALLS + overload.taken.length;
+    const forwarded = (crossed ? 4 : 3) * (WARMUP + CALLS) + THROUGHPUT_CALLS + overload.taken.length;
     if (origin.received < forwarded) {
       throw new Error(`the origin received ${origin.received} requests, expected ${forwarded}`);
     }
