@@ -6,7 +6,7 @@
 //! probe assertion).
 
 use crate::config::EdgeKey;
-use crate::subrequest::{post, Redirects};
+use crate::subrequest::{body_bytes, post, Redirects};
 use callfence_core::assertion;
 use callfence_core::engine::{Forward, ReportedAnswer};
 use callfence_core::outcome::truncate_body;
@@ -78,14 +78,15 @@ async fn exchange(request: Request, budget_ms: i64) -> (ReportedAnswer, i64) {
     let budget = Duration::from_millis(budget_ms.max(1) as u64);
     let deadline = Box::pin(Delay::from(budget));
     let answer = match select(sending, deadline).await {
-        Either::Left((Ok(mut response), deadline)) => {
+        Either::Left((Ok(response), deadline)) => {
             let status = response.status_code();
-            match select(Box::pin(response.text()), deadline).await {
-                Either::Left((Ok(body), _)) => ReportedAnswer::Http {
+            let text = async { String::from_utf8(body_bytes(response).await.ok()?).ok() };
+            match select(Box::pin(text), deadline).await {
+                Either::Left((Some(body), _)) => ReportedAnswer::Http {
                     status,
                     body: truncate_body(&body),
                 },
-                Either::Left((Err(_), _)) => ReportedAnswer::Http {
+                Either::Left((None, _)) => ReportedAnswer::Http {
                     status,
                     body: String::new(),
                 },

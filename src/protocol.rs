@@ -707,18 +707,22 @@ pub async fn call_within<T: DeserializeOwned>(
         .map_err(failed)
     };
     let answer = async {
-        let mut response = stub
+        let response = stub
             .fetch_with_request(send(encode_request(request, payload))?)
             .await
             .map_err(failed)?;
         let mut status = response.status_code();
-        let mut body = response.bytes().await.map_err(failed)?;
+        let mut body = crate::subrequest::body_bytes(response)
+            .await
+            .map_err(failed)?;
         if needs_v1(status, &body) {
             let v1 = encode_request_v1(request, payload)
                 .ok_or_else(|| Unavailable("a version 1 Dispatcher cannot take it".into()))?;
-            let mut response = stub.fetch_with_request(send(v1)?).await.map_err(failed)?;
+            let response = stub.fetch_with_request(send(v1)?).await.map_err(failed)?;
             status = response.status_code();
-            body = response.bytes().await.map_err(failed)?;
+            body = crate::subrequest::body_bytes(response)
+                .await
+                .map_err(failed)?;
         }
         decode_reply(status, &body)
     };
