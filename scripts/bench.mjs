@@ -485,28 +485,24 @@ async function timed(base, call, check) {
 }
 
 const failures = [];
-function checkCallfence(status, text, call) {
-  let body = null;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    // reported below
-  }
-  if (status !== 200 || body?.delivered_to !== NODE || body?.event_id !== call.id) {
-    failures.push(`callfence: ${status} ${text.slice(0, 200)}`);
-  }
+/** An answer check for `who`: 200 with this call's delivery to NODE. */
+function deliveredBy(who) {
+  return (status, text, call) => {
+    let body = null;
+    try {
+      body = JSON.parse(text);
+    } catch {
+      // reported below
+    }
+    if (status !== 200 || body?.delivered_to !== NODE || body?.event_id !== call.id) {
+      failures.push(`${who}: ${status} ${text.slice(0, 200)}`);
+    }
+  };
 }
+const checkCallfence = deliveredBy("callfence");
+const checkFloor = deliveredBy("floor");
 function checkPassthrough(status, text) {
   if (status !== 200 || text !== '{"ok":true}') failures.push(`pass-through: ${status} ${text.slice(0, 200)}`);
-}
-function checkFloor(status, text, call) {
-  let body = null;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    // reported below
-  }
-  if (status !== 200 || body?.delivered_to !== NODE || body?.event_id !== call.id) failures.push(`floor: ${status} ${text.slice(0, 200)}`);
 }
 
 // ---------------------------------------------------------- worker only ----
