@@ -8,9 +8,9 @@
 //! its strings for a request callfence never gives a `cf` option.
 //!
 //! An answer's body is read with the runtime's own `arrayBuffer()`
-//! ([`body_bytes`]): one promise, the reading done in the runtime. `worker::Response::bytes` reads it in the wasm instead,
-//! through a stream reader, with a promise and a crossing per chunk and one
-//! more for the end.
+//! ([`body_bytes`]): one promise, the reading done in the runtime.
+//! `worker::Response::bytes` reads it in the wasm instead, through a stream
+//! reader, with a promise and a crossing per chunk and one more for the end.
 
 use worker::wasm_bindgen::JsValue;
 use worker::wasm_bindgen_futures::JsFuture;

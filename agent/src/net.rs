@@ -82,6 +82,7 @@ pub async fn retried<T, F: Future<Output = T>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
 
     #[tokio::test]
     async fn retried_tries_five_times_at_most_and_stops_on_a_final_result_or_the_window() {
@@ -99,7 +100,6 @@ mod tests {
         let last = retried(Duration::ZERO, || count(&tries), |_| true).await;
         assert_eq!(last, 1, "no pause fits a window of zero");
     }
-    use std::io::{Read, Write};
 
     /// A loopback server answering every connection with `raw`.
     async fn answering(raw: &'static str) -> String {
