@@ -74,8 +74,8 @@
 // BENCH_THROUGHPUT_CALLS (1000), BENCH_CONCURRENCY (8),
 // BENCH_FORWARD_TIMEOUT_MS (1500), BENCH_OVERLOAD_CALLS (600),
 // BENCH_OVERLOAD_CONCURRENCY (32), BENCH_FLOOR_COMMITS (2),
-// BENCH_FLOOR_EXTRA_SQL (0). BENCH_README=1 also writes the figures
-// into README.md between the bench markers; BENCH_JSON=1 prints, as the last
+// BENCH_FLOOR_EXTRA_SQL (0). BENCH_DOCS=1 also writes the figures
+// into docs/performance.md between the bench markers; BENCH_JSON=1 prints, as the last
 // line, one JSON object with every figure (p50_ratio, p99_ratio,
 // assignments_per_s, worker_ms_median, cpu_ms_per_webhook, wasm_gzip_bytes,
 // ...), so runs can be compared.
@@ -1205,7 +1205,7 @@ async function main() {
       throw new Error(`the origin received ${origin.received} requests, expected ${forwarded}`);
     }
 
-    if (process.env.BENCH_README === "1") writeReadme(conditionLines, figureLines);
+    if (process.env.BENCH_DOCS === "1") writeFigures(conditionLines, figureLines);
     if (process.env.BENCH_JSON === "1") {
       const taken = summary(overload.taken);
       console.log(
@@ -1276,9 +1276,9 @@ async function main() {
   }
 }
 
-/** Replaces the block between the bench markers in README.md. */
-function writeReadme(conditionLines, figureLines) {
-  const path = join(ROOT, "README.md");
+/** Replaces the block between the bench markers in docs/performance.md. */
+function writeFigures(conditionLines, figureLines) {
+  const path = join(ROOT, "docs", "performance.md");
   const core = process.env.BENCH_CORE_OUTPUT;
   const coreLines = core
     ? readFileSync(core, "utf8")
@@ -1292,12 +1292,12 @@ function writeReadme(conditionLines, figureLines) {
   const from = text.indexOf(start);
   const to = text.indexOf(end);
   if (from < 0 || to < from) {
-    console.log("README.md has no bench markers: not written");
+    console.log("docs/performance.md has no bench markers: not written");
     return;
   }
   const block = [
     start,
-    `Latest figures (\`BENCH_README=1 make bench\`, ${new Date().toISOString().slice(0, 10)}):`,
+    `Latest figures (\`BENCH_DOCS=1 make bench\`, ${new Date().toISOString().slice(0, 10)}):`,
     "",
     "```text",
     ...conditionLines,
@@ -1310,7 +1310,7 @@ function writeReadme(conditionLines, figureLines) {
       : []),
   ].join("\n");
   writeFileSync(path, text.slice(0, from) + block + text.slice(to));
-  console.log("README.md: figures written");
+  console.log("docs/performance.md: figures written");
 }
 
 profiledRun();

@@ -12,8 +12,8 @@
 #
 # Sets itself up first and builds build/ only if it is missing (it never
 # rebuilds a present one: run `make build` after changing src/ or core/).
-# About 1-2 minutes once compiled. BENCH_README=1 also writes the figures
-# into README.md's Benchmarks section; see scripts/bench.mjs for the knobs.
+# About 1-2 minutes once compiled. BENCH_DOCS=1 also writes the figures
+# into docs/performance.md; see scripts/bench.mjs for the knobs.
 # Not part of `make test`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

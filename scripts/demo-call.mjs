@@ -31,7 +31,7 @@ function fail(message) {
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const show = (value) => JSON.stringify(value, null, 2).replace(/^/gm, "    ");
 
-if (!existsSync(paths.info)) fail("no .dev/dev.json: start `make dev` first");
+if (!existsSync(paths.info)) fail(`no ${paths.info}: start \`make dev\` first`);
 const info = JSON.parse(readFileSync(paths.info, "utf8"));
 const admin = { authorization: `Bearer ${readFileSync(info.admin_token_file, "utf8").trim()}` };
 const telnyxKey = keyFromSeed(Buffer.from(readFileSync(info.telnyx_seed_file, "utf8").trim(), "base64"));

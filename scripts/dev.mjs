@@ -1,30 +1,42 @@
 // `make dev` (after scripts/dev.sh has set up and built): the dispatcher in
-// local workerd (Miniflare, the prebuilt build/, state persisted in
-// .dev/state), the example documents from policy/, the shared fake Telnyx
-// API (`callfence-fake-telnyx`) on loopback, and the three demo nodes of policy/README.md as real
-// `callfence-agent run` processes in front of `callfence-demo-app`s.
+// local workerd (Miniflare, the prebuilt build/, state persisted in the dev
+// directory's state/), the example documents from policy/, the shared fake
+// Telnyx API (`callfence-fake-telnyx`) on loopback, and the three demo nodes
+// of policy/README.md as real `callfence-agent run` processes in front of
+// `callfence-demo-app`s.
 //
-// Everything it generates lives in the git-ignored .dev/ (secrets and keys
-// on first run, mode 0600). Ctrl-C (SIGINT) or SIGTERM stops every child.
+// Everything it generates lives in the dev directory (below; secrets and
+// keys on first run, mode 0600). Ctrl-C (SIGINT) or SIGTERM stops every child.
 //
 // Each node runs its demo app from a releases layout (SPEC §14):
-// .dev/nodes/<node>/releases/<sha> checkouts of the demo app repository
-// .dev/demo-app (seeded with two commits; the nodes start on the first) and
-// .dev/nodes/<node>/current, the runtime checkout. The agents' [deploy]
+// <dev>/nodes/<node>/releases/<sha> checkouts of the demo app repository
+// <dev>/demo-app (seeded with two commits; the nodes start on the first) and
+// <dev>/nodes/<node>/current, the runtime checkout. The agents' [deploy]
 // restart command (scripts/dev-restart.mjs) asks this script's supervisor
 // endpoint to stop the node's app and start it again from `current`, so
-//   callfence-agent --config .dev/nodes/M3/agent.toml deploy --sha $(git -C .dev/demo-app rev-parse HEAD)
-// works against the local stack.
+//   callfence-agent --config <dev>/nodes/M3/agent.toml deploy --sha $(git -C <dev>/demo-app rev-parse HEAD)
+// works against the local stack (the banner prints it with the real paths).
 //
-// Environment: CALLFENCE_DEV_DIR (default <repo>/.dev; absolute, not under
-// /tmp), CALLFENCE_DEV_PORT (dispatcher, default 8787),
-// CALLFENCE_DEV_TELNYX_PORT (fake Telnyx API, default 8790; 0 picks free
-// ports), CALLFENCE_AGENT_BIN_DIR (where callfence-agent,
-// callfence-demo-app and callfence-fake-telnyx are; default target/debug). The nodes' ports are fixed
-// by policy/nodes.example.json.
+// Where it keeps all that (the dev directory, printed in the banner):
+// CALLFENCE_DEV_DIR when set; else <repo>/.dev; but when the checkout itself
+// is on a volatile path (/tmp, /var/tmp, /dev/shm), where the agents refuse
+// a state directory because a real node's state must survive a reboot,
+// ${XDG_STATE_HOME:-~/.local/state}/callfence-dev/<checkout name>-<hash of
+// its path>. The refusal itself is untouched: a dev directory that is still
+// volatile stops the script before anything starts.
+//
+// Environment: CALLFENCE_DEV_DIR (above), CALLFENCE_DEV_PORT (dispatcher,
+// default 8787), CALLFENCE_DEV_TELNYX_PORT (fake Telnyx API, default 8790),
+// CALLFENCE_DEV_NODE_PORTS (the nodes' origin, local API and app ports:
+// unset, those of policy/nodes.example.json, 8701-8703 and neighbours; `0`,
+// free ports chosen on the first run in a dev directory and kept in its
+// ports.json, the registry loaded with those origins); each `0` picks free
+// ports, so tests never collide with a running `make dev`.
+// CALLFENCE_AGENT_BIN_DIR (where callfence-agent, callfence-demo-app and
+// callfence-fake-telnyx are; default target/debug).
 
 import { spawn, execFileSync } from "node:child_process";
-import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes } from "node:crypto";
+import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes } from "node:crypto";
 import {
   chmodSync,
   closeSync,
@@ -35,17 +47,35 @@ import {
   readdirSync,
   openSync,
   readFileSync,
+  realpathSync,
   rmSync,
   writeFileSync,
 } from "node:fs";
 import { createServer } from "node:http";
-import { createConnection } from "node:net";
-import { join } from "node:path";
+import { createConnection, createServer as createTcpServer } from "node:net";
+import { homedir } from "node:os";
+import { basename, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { startFakeTelnyx } from "./fake-telnyx.mjs";
 
 export const ROOT = fileURLToPath(new URL("../", import.meta.url));
-export const DEV = process.env.CALLFENCE_DEV_DIR || join(ROOT, ".dev");
+
+/** True for a path on a file system that does not survive a reboot. */
+export function volatilePath(path) {
+  return ["/tmp", "/var/tmp", "/dev/shm"].some((v) => path === v || path.startsWith(`${v}/`));
+}
+
+/** The dev directory (see the top of this file). */
+function devDir() {
+  if (process.env.CALLFENCE_DEV_DIR) return process.env.CALLFENCE_DEV_DIR;
+  const checkout = realpathSync(ROOT);
+  if (!volatilePath(ROOT) && !volatilePath(checkout)) return join(ROOT, ".dev");
+  const base = process.env.XDG_STATE_HOME || join(homedir(), ".local", "state");
+  const hash = createHash("sha256").update(checkout).digest("hex").slice(0, 12);
+  return join(base, "callfence-dev", `${basename(checkout)}-${hash}`);
+}
+
+export const DEV = devDir();
 const PORT = Number(process.env.CALLFENCE_DEV_PORT || 8787);
 const TELNYX_PORT = Number(process.env.CALLFENCE_DEV_TELNYX_PORT || 8790);
 const BIN_DIR = process.env.CALLFENCE_AGENT_BIN_DIR || join(ROOT, "target", "debug");
@@ -61,6 +91,44 @@ export const NODES = [
   { node: "M3", seedByte: 3, origin: 8703, local: 8713, app: 9003, lines: ["property_management_ca"] },
 ];
 
+/** The public origin URL of demo node `n` (its agent's origin proxy). */
+function originUrl(n) {
+  return `http://127.0.0.1:${n.origin}/callfence/telnyx`;
+}
+
+/** `count` distinct free loopback ports: every listener is held until all
+ * are chosen, so the kernel cannot hand out one port twice. */
+async function freePorts(count) {
+  const servers = [];
+  for (let i = 0; i < count; i++) {
+    const server = createTcpServer();
+    await new Promise((resolve, reject) => server.once("error", reject).listen(0, "127.0.0.1", resolve));
+    servers.push(server);
+  }
+  const ports = servers.map((s) => s.address().port);
+  await Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve))));
+  return ports;
+}
+
+/** Gives NODES the ports of this dev directory: those kept in ports.json;
+ * else, with CALLFENCE_DEV_NODE_PORTS=0, free ones (then kept there); else
+ * the example registry's. */
+async function assignNodePorts() {
+  const wanted = process.env.CALLFENCE_DEV_NODE_PORTS ?? "";
+  if (wanted !== "" && wanted !== "0") {
+    throw new Error(`CALLFENCE_DEV_NODE_PORTS=${wanted}: want 0 (free ports) or unset (8701-8703 and neighbours)`);
+  }
+  let chosen = existsSync(paths.ports) ? JSON.parse(readFileSync(paths.ports, "utf8")) : null;
+  if (!chosen && wanted === "0") {
+    const ports = await freePorts(NODES.length * 3);
+    chosen = Object.fromEntries(
+      NODES.map((n, i) => [n.node, { origin: ports[3 * i], local: ports[3 * i + 1], app: ports[3 * i + 2] }]),
+    );
+    writeFileSync(paths.ports, `${JSON.stringify(chosen)}\n`);
+  }
+  for (const n of NODES) Object.assign(n, chosen?.[n.node] ?? {});
+}
+
 export const paths = {
   info: join(DEV, "dev.json"),
   keys: join(DEV, "keys"),
@@ -69,6 +137,7 @@ export const paths = {
   adminToken: join(DEV, "keys", "admin-token"),
   mediaKey: join(DEV, "keys", "media-key"),
   telnyxApiKey: join(DEV, "keys", "telnyx-api-key"),
+  ports: join(DEV, "ports.json"),
   state: join(DEV, "state"),
   demoApp: join(DEV, "demo-app"),
   logs: join(DEV, "logs"),
@@ -242,7 +311,7 @@ webhook_url = "http://127.0.0.1:${n.app}/telnyx/webhook"
 status_url = "http://127.0.0.1:${n.app}/callfence/status"
 
 [origin]
-url = "http://127.0.0.1:${n.origin}/callfence/telnyx"
+url = "${originUrl(n)}"
 
 [lines]
 source = "app"
@@ -443,7 +512,7 @@ function startSupervisor() {
 // ------------------------------------------------------------ fake Telnyx ----
 
 /** The shared fake Telnyx API (`callfence-fake-telnyx`), wanting the dev API
- * key: prints every command and logs it to .dev/logs/fake-telnyx.log; its
+ * key: prints every command and logs it to <dev>/logs/fake-telnyx.log; its
  * record is GET /__record[?call_control_id=]. */
 async function startTelnyx(apiKeyFile) {
   const log = join(paths.logs, "fake-telnyx.log");
@@ -528,7 +597,14 @@ async function loadDocument(base, token, route, file) {
     const { revision } = await current.json();
     return `already loaded (revision ${revision})`;
   }
-  const body = readFileSync(join(ROOT, "policy", file), "utf8");
+  let body = readFileSync(join(ROOT, "policy", file), "utf8");
+  if (route === "/v1/nodes") {
+    // The origins the demo nodes listen on (the file's, unless
+    // CALLFENCE_DEV_NODE_PORTS chose others).
+    const registry = JSON.parse(body);
+    for (const n of NODES) registry.nodes[n.node].origin_url = originUrl(n);
+    body = JSON.stringify(registry);
+  }
   const put = await fetch(`${base}${route}`, {
     method: "PUT",
     headers: { ...auth, "content-type": "application/json", "if-match": '"0"' },
@@ -589,8 +665,15 @@ async function main() {
       throw new Error(`${join(BIN_DIR, bin)} is missing: cargo build -p callfence-agent --bins`);
     }
   }
+  if (volatilePath(DEV) || (existsSync(DEV) && volatilePath(realpathSync(DEV)))) {
+    throw new Error(
+      `the dev directory ${DEV} is under a volatile path, where the agents refuse their state: ` +
+        "set CALLFENCE_DEV_DIR (or XDG_STATE_HOME) to a directory that survives a reboot",
+    );
+  }
   mkdirSync(paths.logs, { recursive: true, mode: 0o700 });
   reapLeftovers();
+  await assignNodePorts();
   const busy = [];
   for (const port of [PORT, TELNYX_PORT, ...NODES.flatMap((n) => [n.origin, n.local, n.app])]) {
     if (port !== 0 && !(await portFree(port))) busy.push(port);
@@ -635,7 +718,7 @@ async function main() {
         logs: paths.logs,
         nodes: Object.fromEntries(
           NODES.map((n) => [n.node, {
-            origin_url: `http://127.0.0.1:${n.origin}/callfence/telnyx`,
+            origin_url: originUrl(n),
             local_api: `http://127.0.0.1:${n.local}`,
             app: `http://127.0.0.1:${n.app}`,
             config: join(nodeDir(n), "agent.toml"),
@@ -670,12 +753,13 @@ async function main() {
   process.stdout.write(`
 callfence dev is running. Ctrl-C stops everything.
 
+  dev directory  ${DEV}  (secrets, state, logs; delete it to start afresh)
   dispatcher     ${url.padEnd(24)} workerd, state in ${paths.state}
   panel          ${`${url}/`.padEnd(24)} bearer: the admin token in ${paths.adminToken}
   fake Telnyx    ${telnyxUrl.padEnd(24)} prints the commands it gets; GET ${telnyxUrl}/__record
   logs           ${paths.logs}/
   nodes (callfence-agent -> callfence-demo-app):
-${NODES.map((n) => `    ${n.node}  origin http://127.0.0.1:${n.origin}/callfence/telnyx  local API http://127.0.0.1:${n.local}  app http://127.0.0.1:${n.app}  config ${join(nodeDir(n), "agent.toml")}`).join("\n")}
+${NODES.map((n) => `    ${n.node}  origin ${originUrl(n)}  local API http://127.0.0.1:${n.local}  app http://127.0.0.1:${n.app}  config ${join(nodeDir(n), "agent.toml")}`).join("\n")}
   node status:
 ${rows.join("\n") || "    (no status yet)"}
   lines:

@@ -3,7 +3,7 @@
 # default bounds (CALLFENCE_MODEL=full), release build. Prints
 # `model check: N states, M transitions, depth D, 0 violations`, or the
 # shortest counterexample and the command that replays it. Each bound can be
-# overridden by its CALLFENCE_MODEL_* variable (README, "How the tests work").
+# overridden by its CALLFENCE_MODEL_* variable (docs/testing.md, "Model check").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CALLFENCE_MODEL="${CALLFENCE_MODEL:-full}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make test`: sets itself up and runs every test, failing on the first
-# failure: formatting, lints, unit and integration tests, the docs (rustdoc
+# failure: the docs' links, formatting, lints, unit and integration tests, the docs (rustdoc
 # with warnings as errors: broken intra-doc links, bad markup), the core's wasm
 # build (it must import nothing from "env"), the simulation, the Worker build,
 # wrangler's offline dry-run deploy, the end-to-end tests in Miniflare, the
@@ -16,6 +16,9 @@ export WRANGLER_SEND_METRICS=false WRANGLER_HIDE_BANNER=true CLOUDFLARE_CF_FETCH
 
 step "setup"
 scripts/setup.sh
+
+step "docs: every relative link in README.md and docs/ resolves"
+node --test tests/docs/
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -47,7 +50,7 @@ step "simulation (release, ${CALLFENCE_SIM_SCHEDULES:-2000} schedules)"
 CALLFENCE_SIM_SCHEDULES="${CALLFENCE_SIM_SCHEDULES:-2000}" \
   cargo test --release -p callfence-core --test sim -- --nocapture
 
-step "model check (release, short bounds) and its planted bugs"
+step "model check (release, short bounds) and its planted bugs (ignored in debug builds, run here)"
 CALLFENCE_MODEL="${CALLFENCE_MODEL:-short}" \
   cargo test --release -p callfence-core --test model -- --nocapture
 

@@ -1,9 +1,9 @@
 //! Forwarding one webhook to its owner's origin: the stored raw body and
 //! Telnyx headers, a fresh `Callfence-Assertion`, no redirects followed,
-//! within the forward budget. Used by the Worker (first attempts), by
-//! the Dispatcher's alarm (re-drives), and for the L5 probe (SPEC §14:
-//! [`send_probe`], the same request and exchange with a probe body and a
-//! probe assertion).
+//! within the forward budget. Used by the Dispatcher (each forward, and the
+//! alarm's re-drives), by the Worker when a version 1 Dispatcher hands it
+//! the forward, and for the L5 probe (SPEC §14: [`send_probe`], the same
+//! request and exchange with a probe body and a probe assertion).
 
 use crate::config::EdgeKey;
 use crate::subrequest::{body_bytes, post, Redirects};
@@ -22,18 +22,9 @@ pub const CARRIED_HEADERS: [&str; 3] = [
 ];
 
 /// Sends `forward` and classifies nothing: it returns what the origin did
-/// (an HTTP answer, a timeout, or a network error) for the engine to judge.
-pub async fn send(
-    forward: &Forward,
-    edge: &EdgeKey,
-    budget_ms: i64,
-    now_ms: i64,
-) -> ReportedAnswer {
-    send_timed(forward, edge, budget_ms, now_ms).await.0
-}
-
-/// [`send`], also returning the milliseconds spent awaiting the origin (its
-/// answer and body), as opposed to building and signing the request.
+/// (an HTTP answer, a timeout, or a network error) for the engine to judge,
+/// and the milliseconds spent awaiting the origin (its answer and body), as
+/// opposed to building and signing the request.
 pub async fn send_timed(
     forward: &Forward,
     edge: &EdgeKey,

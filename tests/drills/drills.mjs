@@ -308,15 +308,18 @@ export async function replay({ short = false, scale = 1 } = {}) {
   let signer;
   try {
     const since = Date.now() - 2_000;
-    // The full form changes the routing while calls flow: M1 drains, then
-    // M3's checkout goes dirty. The short form keeps the nodes steady.
+    // Both forms change the routing while calls flow, so the replay must
+    // reproduce decisions that depend on the beats' order: M1 (the line's
+    // preferred node) drains for 30% of the load's span (3 s of the short
+    // form's 10 s, 11 s of the full form's), then the full form also dirties
+    // M3's checkout.
     const span = (calls / rate) * 1000;
     const script = (async () => {
-      if (short) return;
       await sleep(span * 0.3);
       stack.mode("M1", "drained");
       await sleep(span * 0.3);
       stack.mode("M1", "active");
+      if (short) return;
       stack.dirty("M3", true);
       await sleep(span * 0.2);
       stack.dirty("M3", false);
@@ -364,9 +367,12 @@ export async function replay({ short = false, scale = 1 } = {}) {
     const { compared, differences } = compareDecisions(original.decisions, replayed);
     const rules = {};
     for (const d of original.decisions) rules[`${d.rule}->${d.chosen}`] = (rules[`${d.rule}->${d.chosen}`] ?? 0) + 1;
+    // The drain must have shown in the original's decisions, or the replay
+    // proved nothing about a routing change.
+    const drained = original.decisions.filter((d) => (d.reasons?.M1 ?? []).includes("mode_drained")).length;
     return {
       drill: "replay",
-      pass: differences.length === 0 && compared > 0,
+      pass: differences.length === 0 && compared > 0 && drained > 0,
       parameters: { short, calls, rate, scale, replay_file: file },
       figures: {
         calls: sessions.length,
@@ -379,6 +385,7 @@ export async function replay({ short = false, scale = 1 } = {}) {
         decisions_replayed: replayed.length,
         decisions_compared: compared,
         differences: differences.length,
+        decisions_m1_drained: drained,
         original_rule_chosen: rules,
       },
       differences,

@@ -1,32 +1,27 @@
-// Smoke test of `make dev` + `make demo-call`: scripts/dev.mjs in a scratch
-// directory (its own secrets, state and agents; dispatcher and fake Telnyx
-// on free ports), one demo call that must reach M3 and be answered through
-// its agent, then SIGTERM: every process it started must be gone.
+// Smoke tests of `make dev` + `make demo-call`, each on free ports (the OS
+// picks them: CALLFENCE_DEV_PORT, CALLFENCE_DEV_TELNYX_PORT and
+// CALLFENCE_DEV_NODE_PORTS set to 0), so they run beside a `make dev` on
+// the usual ports and never skip:
 //
-// The demo nodes listen on the example registry's fixed ports (8701-8703 and
-// neighbours), so the test is skipped while a `make dev` is running.
+// - scripts/dev.mjs in this checkout with a scratch dev directory (its own
+//   secrets, state and agents): one demo call must reach M3 and be answered
+//   through its agent, a deploy of the demo app's HEAD to M3 must go live;
+// - `make dev` in a copy of this checkout under /tmp (the agents refuse a
+//   state directory there): it must keep its state outside the copy, say
+//   where in its banner, and `make demo-call` from the copy must succeed.
+//
+// Then Ctrl-C or SIGTERM: every process the stack started must be gone.
 
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
-import { createConnection } from "node:net";
-import { join } from "node:path";
+import { execFileSync, spawn } from "node:child_process";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, statSync, symlinkSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { basename, dirname, join } from "node:path";
 import { test } from "node:test";
 import { agentBins } from "./agents-cluster.mjs";
 import { durableScratchRoot, ROOT } from "./harness.mjs";
 
-const NODE_PORTS = [8701, 8702, 8703, 8711, 8712, 8713, 9001, 9002, 9003];
-
-function portBusy(port) {
-  return new Promise((resolve) => {
-    const socket = createConnection({ host: "127.0.0.1", port });
-    socket.once("connect", () => {
-      socket.destroy();
-      resolve(true);
-    });
-    socket.once("error", () => resolve(false));
-  });
-}
+const FREE_PORTS = { CALLFENCE_DEV_PORT: "0", CALLFENCE_DEV_TELNYX_PORT: "0", CALLFENCE_DEV_NODE_PORTS: "0" };
 
 function alive(pid) {
   try {
@@ -45,7 +40,7 @@ function run(cmd, args, options) {
     let stderr = "";
     child.stdout.on("data", (c) => (stdout += c));
     child.stderr.on("data", (c) => (stderr += c));
-    const timer = setTimeout(() => child.kill("SIGKILL"), 20_000);
+    const timer = setTimeout(() => child.kill("SIGKILL"), 30_000);
     child.once("exit", (status) => {
       clearTimeout(timer);
       resolve({ status, stdout, stderr });
@@ -53,40 +48,62 @@ function run(cmd, args, options) {
   });
 }
 
-const busy = (await Promise.all(NODE_PORTS.map(portBusy))).some(Boolean);
-
-test("make dev runs the demo nodes, a demo call is answered, and stopping leaves nothing", {
-  skip: busy && "the demo node ports are in use (is `make dev` running?)",
-  timeout: 60_000,
-}, async () => {
-  const bins = agentBins();
-  // Not under /tmp: the agents refuse a temporary state directory.
-  const dir = mkdtempSync(join(durableScratchRoot(), "e2e-dev-"));
-  const env = {
-    ...process.env,
-    CALLFENCE_DEV_DIR: dir,
-    CALLFENCE_DEV_PORT: "0",
-    CALLFENCE_DEV_TELNYX_PORT: "0",
-    CALLFENCE_AGENT_BIN_DIR: bins,
-  };
-  const dev = spawn("node", [join(ROOT, "scripts/dev.mjs")], { cwd: ROOT, env, stdio: ["ignore", "pipe", "pipe"] });
-  let out = "";
-  dev.stdout.on("data", (c) => (out += c));
-  dev.stderr.on("data", (c) => (out += c));
-  const exited = new Promise((resolve) => dev.once("exit", (code, signal) => resolve({ code, signal })));
+/**
+ * Starts the dev stack (`cmd args` in `cwd`, in its own process group as a
+ * terminal would run it) and waits for its banner. `stop(signal)` signals
+ * the group (SIGINT: Ctrl-C) or the process alone, waits for it to exit and
+ * returns { exit, leftover }: the recorded processes still alive (killed).
+ */
+async function startDev(cmd, args, { cwd, env, devDir }) {
+  const dev = spawn(cmd, args, { cwd, env, detached: true, stdio: ["ignore", "pipe", "pipe"] });
+  const log = { out: "" };
+  dev.stdout.on("data", (c) => (log.out += c));
+  dev.stderr.on("data", (c) => (log.out += c));
+  // "close": exited and its output read to the end.
+  const exited = new Promise((resolve) => dev.once("close", (code, signal) => resolve({ code, signal })));
   let pids = [];
-  let leftover = [];
+  const recorded = () => JSON.parse(readFileSync(join(devDir, "pids.json"), "utf8")).children.map((c) => c.pid);
+  const stop = async (signal, group) => {
+    if (existsSync(join(devDir, "pids.json"))) pids = [...new Set([...pids, ...recorded()])];
+    if (dev.exitCode === null && dev.signalCode === null) process.kill(group ? -dev.pid : dev.pid, signal);
+    let timer;
+    const exit = await Promise.race([exited, new Promise((r) => (timer = setTimeout(() => r(null), 25_000)))]);
+    clearTimeout(timer);
+    if (exit === null) process.kill(-dev.pid, "SIGKILL");
+    const leftover = pids.filter(alive);
+    for (const pid of leftover) process.kill(pid, "SIGKILL");
+    return { exit, leftover };
+  };
   try {
-    const until = Date.now() + 40_000;
-    while (!out.includes("callfence dev is running")) {
-      assert.equal(dev.exitCode, null, `dev.mjs exited early:\n${out}`);
-      assert.ok(Date.now() < until, `dev.mjs did not start:\n${out}`);
+    const until = Date.now() + 90_000;
+    while (!log.out.includes("callfence dev is running")) {
+      assert.equal(dev.exitCode, null, `the dev stack exited early:\n${log.out}`);
+      assert.ok(Date.now() < until, `the dev stack did not start:\n${log.out}`);
       await new Promise((r) => setTimeout(r, 100));
     }
+    pids = recorded();
+  } catch (error) {
+    await stop("SIGKILL", true);
+    throw error;
+  }
+  return { log, stop, pids: () => pids, track: () => (pids = [...new Set([...pids, ...recorded()])]) };
+}
+
+test("make dev runs the demo nodes, a demo call is answered, a deploy goes live, and stopping leaves nothing", {
+  timeout: 180_000,
+}, async () => {
+  const bins = agentBins();
+  const dir = mkdtempSync(join(durableScratchRoot(), "e2e-dev-"));
+  const env = { ...process.env, ...FREE_PORTS, CALLFENCE_DEV_DIR: dir, CALLFENCE_AGENT_BIN_DIR: bins };
+  const dev = await startDev("node", [join(ROOT, "scripts/dev.mjs")], { cwd: ROOT, env, devDir: dir });
+  let stopped;
+  try {
+    const { out } = dev.log;
     for (const node of ["M1", "M2", "M3"]) assert.match(out, new RegExp(`${node} .* eligible`), out);
-    pids = JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")).children.map((c) => c.pid);
-    assert.equal(pids.length, 8, "workerd, the fake Telnyx API, and an agent and an app per node");
-    const recorded = () => JSON.parse(readFileSync(join(dir, "pids.json"), "utf8")).children.map((c) => c.pid);
+    assert.ok(out.includes(`dev directory  ${dir}`), out);
+    // Free ports, not the example registry's 8701-8703.
+    assert.doesNotMatch(out, /127\.0\.0\.1:87\d\d|127\.0\.0\.1:8787 /, out);
+    assert.equal(dev.pids().length, 8, "workerd, the fake Telnyx API, and an agent and an app per node");
     for (const file of ["keys/telnyx.seed", "keys/admin-token", "nodes/M1/node.key"]) {
       assert.equal(statSync(join(dir, file)).mode & 0o777, 0o600, file);
     }
@@ -99,7 +116,7 @@ test("make dev runs the demo nodes, a demo call is answered, and stopping leaves
     assert.match(call.stdout, /answer v3:demo-\S+ command_id=[0-9a-f-]{36}/);
     assert.match(call.stdout, /owner M3 at epoch \d+, state answered, fence granted/);
     assert.match(call.stdout, /call\.hangup: 200 .*the call is now ended/);
-    assert.match(out, /fake Telnyx: answer v3:demo-/);
+    assert.match(dev.log.out, /fake Telnyx: answer v3:demo-/);
 
     // The README's deploy: M3 runs from releases/current; deploy the demo app repo's HEAD.
     const head = (await run("git", ["-C", join(dir, "demo-app"), "rev-parse", "HEAD"])).stdout.trim();
@@ -109,18 +126,68 @@ test("make dev runs the demo nodes, a demo call is answered, and stopping leaves
     assert.equal(result.live, head, deployed.stdout);
     assert.equal(result.mode, "active");
     // The restarted app is a new process: it must be gone at the end too.
-    pids = [...new Set([...pids, ...recorded()])];
+    dev.track();
   } finally {
-    if (dev.exitCode === null) dev.kill("SIGTERM");
-    let timer;
-    const result = await Promise.race([exited, new Promise((r) => (timer = setTimeout(() => r(null), 20_000)))]);
-    clearTimeout(timer);
-    if (result === null) dev.kill("SIGKILL");
-    leftover = pids.filter(alive);
-    for (const pid of leftover) process.kill(pid, "SIGKILL");
+    stopped = await dev.stop("SIGTERM", false);
     rmSync(dir, { recursive: true, force: true });
-    assert.deepEqual(result, { code: 0, signal: null }, out);
   }
-  assert.deepEqual(leftover, [], "every process dev.mjs started is gone");
+  assert.deepEqual(stopped.exit, { code: 0, signal: null }, dev.log.out);
+  assert.deepEqual(stopped.leftover, [], "every process dev.mjs started is gone");
   assert.ok(!existsSync(dir));
+});
+
+/** A copy of this checkout's files (tracked and new, as they are on disk,
+ * so uncommitted work is what runs) under /tmp, with build/ and
+ * node_modules linked to this checkout's: nothing is built again. */
+function checkoutUnderTmp() {
+  const copy = mkdtempSync("/tmp/callfence-checkout-");
+  const files = execFileSync("git", ["-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], { encoding: "utf8" })
+    .split("\0")
+    .filter((f) => f && existsSync(join(ROOT, f)));
+  for (const file of files) {
+    mkdirSync(dirname(join(copy, file)), { recursive: true });
+    copyFileSync(join(ROOT, file), join(copy, file));
+  }
+  for (const shared of ["build", "node_modules"]) symlinkSync(realpathSync(join(ROOT, shared)), join(copy, shared));
+  return copy;
+}
+
+test("make dev and make demo-call work from a checkout under /tmp, with the agents' state outside it", {
+  timeout: 180_000,
+}, async () => {
+  const copy = checkoutUnderTmp();
+  // The dev directory goes under XDG_STATE_HOME (here a scratch directory,
+  // so the test leaves nothing in ~/.local/state).
+  const stateHome = mkdtempSync(join(durableScratchRoot(), "e2e-dev-xdg-"));
+  const env = { ...process.env, ...FREE_PORTS, XDG_STATE_HOME: stateHome, CALLFENCE_DEV_NO_BUILD: "1", CALLFENCE_AGENT_BIN_DIR: agentBins() };
+  delete env.CALLFENCE_DEV_DIR;
+  delete env.MAKEFLAGS;
+  delete env.MAKELEVEL;
+  // Where dev.mjs must put it: <XDG_STATE_HOME>/callfence-dev/<name>-<hash of the real path>.
+  const real = realpathSync(copy);
+  const devDir = join(stateHome, "callfence-dev", `${basename(real)}-${createHash("sha256").update(real).digest("hex").slice(0, 12)}`);
+  let dev;
+  let stopped;
+  try {
+    dev = await startDev("make", ["--no-print-directory", "dev"], { cwd: copy, env, devDir });
+    const { out } = dev.log;
+    assert.ok(out.includes(`dev directory  ${devDir}`), out);
+    assert.ok(!existsSync(join(copy, ".dev")), "nothing is kept in the checkout under /tmp");
+    for (const node of ["M1", "M2", "M3"]) {
+      assert.ok(existsSync(join(devDir, "nodes", node, "state", "mode")), `${node}'s agent state is in the dev directory`);
+      assert.match(out, new RegExp(`${node} .* eligible`), out);
+    }
+
+    const call = await run("make", ["--no-print-directory", "demo-call"], { cwd: copy, env });
+    assert.equal(call.status, 0, `${call.stdout}\n${call.stderr}`);
+    assert.match(call.stdout, /webhook answer: 200/);
+    assert.match(call.stdout, /"delivered_to":"M3"/);
+    assert.match(call.stdout, /owner M3 at epoch \d+, state answered, fence granted/);
+  } finally {
+    stopped = await dev?.stop("SIGINT", true);
+    rmSync(copy, { recursive: true, force: true });
+    rmSync(stateHome, { recursive: true, force: true });
+  }
+  assert.match(dev.log.out, /dev: stopped/, dev.log.out);
+  assert.deepEqual(stopped.leftover, [], "every process the dev stack started is gone");
 });

@@ -2,7 +2,8 @@
 // baseline, core/src/engine/writes_only.rs) is served only under the
 // test-only switch CALLFENCE_TEST_WRITES_ONLY=1: without it the Dispatcher
 // answers unknown_op and stores nothing; with it the call's rows are real
-// (an owned session and a delivered event).
+// (an owned session and a delivered event), and the same id again is refused
+// by the store with nothing of it kept (its writes are one atomic unit).
 
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -38,12 +39,21 @@ describe("writes_only: bench-only, behind CALLFENCE_TEST_WRITES_ONLY", () => {
       assert.deepEqual([answer.status, answer.body.ok, answer.body.written], [200, true, true]);
       const call = await admin(edge, "/v1/calls/wo-on-1");
       assert.equal(call.status, 200, JSON.stringify(call.body));
-      const text = JSON.stringify(call.body);
-      assert.match(text, /"M1"/);
-      assert.match(text, /delivered/);
-      // The same id again is refused by the store (its rows exist), not doubled.
-      const again = await writesOnly(edge, "wo-on-1").catch((e) => ({ status: 0, body: String(e) }));
-      assert.notEqual(again.status, 200);
+      assert.equal(call.body.owner, "M1");
+      assert.equal(call.body.epoch, 1);
+      assert.deepEqual(call.body.events.map((e) => [e.event_id, e.state, e.node]), [["wo-on-1", "delivered", "M1"]]);
+      const decisions = await admin(edge, "/v1/decisions?call_session_id=wo-on-1");
+      assert.equal(decisions.body.decisions.length, 1, JSON.stringify(decisions.body));
+
+      // The same id again: its first unit reaches the event insert after
+      // bumping the epoch and writing a decision, the event's key refuses it,
+      // and the whole unit rolls back: the Dispatcher throws the store's
+      // error, and the call, its epoch and its decisions are as they were.
+      await assert.rejects(writesOnly(edge, "wo-on-1"), /UNIQUE constraint failed: events\.event_id/);
+      const after = await admin(edge, "/v1/calls/wo-on-1");
+      assert.deepEqual(after.body, call.body, "the refused write changed the call");
+      const decisionsAfter = await admin(edge, "/v1/decisions?call_session_id=wo-on-1");
+      assert.deepEqual(decisionsAfter.body, decisions.body, "the refused write left a decision");
     } finally {
       await edge.dispose();
     }
