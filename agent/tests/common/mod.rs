@@ -274,12 +274,19 @@ impl Node {
     /// A local API request as the voice app sends it: the token, JSON.
     pub async fn local(&self, path: &str, body: Option<&Value>) -> (u16, Value) {
         let url = format!("http://{}{path}", self.local);
-        let http = reqwest::Client::new();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
         let req = match body {
             Some(b) => http.post(url).json(b),
             None => http.get(url),
         };
-        let resp = req.bearer_auth(self.token()).send().await.unwrap();
+        let resp = req
+            .bearer_auth(self.token())
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await.unwrap();
         (
