@@ -795,6 +795,34 @@ mod tests {
     }
 
     #[test]
+    fn the_origin_bound_and_the_dial_connection_are_checked() {
+        let c = from_toml(&example_toml("/var/lib/cf")).unwrap();
+        assert_eq!((c.max_connections, c.telnyx_connection_id), (256, None));
+        assert_eq!(c.timing.request_read_timeout_ms, 5_000);
+        let with = |listen: &str, telnyx: &str| {
+            example_toml("/var/lib/cf")
+                .replace("[listen]\n", &format!("[listen]\n{listen}\n"))
+                .replace("[telnyx]\n", &format!("[telnyx]\n{telnyx}\n"))
+        };
+        let c = from_toml(&with("max_connections = 32", "connection_id = \"c-1\"")).unwrap();
+        assert_eq!(
+            (c.max_connections, c.telnyx_connection_id.as_deref()),
+            (32, Some("c-1"))
+        );
+        for (listen, telnyx) in [
+            ("max_connections = 0", ""),
+            ("max_connections = 65537", ""),
+            ("", "connection_id = \"\""),
+            ("", "connection_id = \"a b\""),
+        ] {
+            assert!(
+                from_toml(&with(listen, telnyx)).is_err(),
+                "{listen} {telnyx}"
+            );
+        }
+    }
+
+    #[test]
     fn timing_is_bounded() {
         let text = example_toml("/var/lib/cf") + "[timing]\nvalid_for_s = 31\n";
         assert!(from_toml(&text).is_err());
