@@ -474,6 +474,7 @@ function startApp(n) {
   const lineArgs = n.lines.flatMap((id) => ["--line", `${id}=${LINES[id]}`]);
   apps[n.node] = start(`${n.node}-app`, join(BIN_DIR, "callfence-demo-app"), [
     "--listen", `127.0.0.1:${n.app}`, "--agent", `http://127.0.0.1:${n.local}`,
+    "--agent-token-file", join(nodeDir(n), "state", "local-api.token"),
     "--checkout", join(nodeDir(n), "current"), ...lineArgs,
   ]);
 }
@@ -760,6 +761,7 @@ callfence dev is running. Ctrl-C stops everything.
   logs           ${paths.logs}/
   nodes (callfence-agent -> callfence-demo-app):
 ${NODES.map((n) => `    ${n.node}  origin ${originUrl(n)}  local API http://127.0.0.1:${n.local}  app http://127.0.0.1:${n.app}  config ${join(nodeDir(n), "agent.toml")}`).join("\n")}
+  local API      bearer: <node>/state/local-api.token; deploy/rollback/job: the CLI, over <node>/state/control.sock
   node status:
 ${rows.join("\n") || "    (no status yet)"}
   lines:
@@ -768,6 +770,7 @@ ${lines.join("\n") || "    (no status yet)"}
   try:  make demo-call             (a signed call.initiated for +15102160079)
         ${join(BIN_DIR, "callfence-agent")} --config ${join(nodeDir(NODES[2]), "agent.toml")} deploy --sha $(git -C ${paths.demoApp} rev-parse HEAD)
         curl -H "Authorization: Bearer $(cat ${paths.adminToken})" ${url}/v1/status
+        curl -H "Authorization: Bearer $(cat ${join(nodeDir(NODES[0]), "state", "local-api.token")})" http://127.0.0.1:${NODES[0].local}/local/status
 
 `);
 }

@@ -133,6 +133,7 @@ struct RawTelnyx {
     api_key_file: Option<PathBuf>,
     #[serde(default)]
     already_answered_codes: Vec<String>,
+    connection_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -140,6 +141,12 @@ struct RawTelnyx {
 struct RawListen {
     origin: SocketAddr,
     local: SocketAddr,
+    #[serde(default = "default_max_connections")]
+    max_connections: usize,
+}
+
+fn default_max_connections() -> usize {
+    256
 }
 
 #[derive(Debug, Deserialize)]
@@ -212,6 +219,9 @@ pub struct Timing {
     pub upkeep_interval_ms: u64,
     /// How often `drain` polls the app's active calls.
     pub drain_poll_ms: u64,
+    /// Both listeners: a request's headers, and then its body, must arrive
+    /// within this (SPEC: 5 s); a slower client is answered 408 or cut off.
+    pub request_read_timeout_ms: u64,
 }
 
 impl Default for Timing {
@@ -229,6 +239,7 @@ impl Default for Timing {
             ledger_retention_s: 24 * 3600,
             upkeep_interval_ms: 30_000,
             drain_poll_ms: 1_000,
+            request_read_timeout_ms: 5_000,
         }
     }
 }
@@ -266,10 +277,15 @@ pub struct Config {
     pub telnyx_api: Option<TelnyxApiConfig>,
     /// Telnyx error codes that mean "this call is already answered".
     pub already_answered_codes: Vec<String>,
+    /// The Telnyx connection every dial uses (`[telnyx] connection_id`);
+    /// a caller of `/local/dial` cannot choose another.
+    pub telnyx_connection_id: Option<String>,
     /// Where the origin proxy listens (the tunnel's target).
     pub listen_origin: SocketAddr,
     /// Where the local API listens (loopback only).
     pub listen_local: SocketAddr,
+    /// The origin listener's bound on open connections (`listen.max_connections`).
+    pub max_connections: usize,
     /// The voice app's webhook route (loopback).
     pub app_webhook_url: Url,
     /// The voice app's status endpoint (see [`crate::probe`]).
@@ -447,8 +463,18 @@ fn validate(raw: RawConfig) -> Result<Config, AgentError> {
     };
     if !raw.listen.local.ip().is_loopback() {
         return Err(err(
-            "listen.local must be a loopback address (the local API is unauthenticated)",
+            "listen.local must be a loopback address (the local API is for this machine only)",
         ));
+    }
+    if !(1..=65_536).contains(&raw.listen.max_connections) {
+        return Err(err("listen.max_connections must be 1 to 65536"));
+    }
+    if let Some(id) = &raw.telnyx.connection_id {
+        if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(err(
+                "telnyx.connection_id must be 1 to 128 printable characters",
+            ));
+        }
     }
     let app_webhook_url = http_url(&raw.app.webhook_url, "app.webhook_url")?;
     let app_status_url = http_url(&raw.app.status_url, "app.status_url")?;
@@ -502,6 +528,7 @@ fn validate(raw: RawConfig) -> Result<Config, AgentError> {
         ("duplicate_wait_ms", t.duplicate_wait_ms),
         ("upkeep_interval_ms", t.upkeep_interval_ms),
         ("drain_poll_ms", t.drain_poll_ms),
+        ("request_read_timeout_ms", t.request_read_timeout_ms),
     ] {
         if !(10..=600_000).contains(&v) {
             return Err(err(format!("timing.{name} must be 10 to 600000")));
@@ -528,8 +555,10 @@ fn validate(raw: RawConfig) -> Result<Config, AgentError> {
         telnyx_keys,
         telnyx_api,
         already_answered_codes: raw.telnyx.already_answered_codes,
+        telnyx_connection_id: raw.telnyx.connection_id,
         listen_origin: raw.listen.origin,
         listen_local: raw.listen.local,
+        max_connections: raw.listen.max_connections,
         app_webhook_url,
         app_status_url,
         origin_url: raw.origin.url,
@@ -762,6 +791,34 @@ mod tests {
             format!("{ok}\nhealth_timeout = \"soon\""),
         ] {
             assert!(from_toml(&with(&bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_origin_bound_and_the_dial_connection_are_checked() {
+        let c = from_toml(&example_toml("/var/lib/cf")).unwrap();
+        assert_eq!((c.max_connections, c.telnyx_connection_id), (256, None));
+        assert_eq!(c.timing.request_read_timeout_ms, 5_000);
+        let with = |listen: &str, telnyx: &str| {
+            example_toml("/var/lib/cf")
+                .replace("[listen]\n", &format!("[listen]\n{listen}\n"))
+                .replace("[telnyx]\n", &format!("[telnyx]\n{telnyx}\n"))
+        };
+        let c = from_toml(&with("max_connections = 32", "connection_id = \"c-1\"")).unwrap();
+        assert_eq!(
+            (c.max_connections, c.telnyx_connection_id.as_deref()),
+            (32, Some("c-1"))
+        );
+        for (listen, telnyx) in [
+            ("max_connections = 0", ""),
+            ("max_connections = 65537", ""),
+            ("", "connection_id = \"\""),
+            ("", "connection_id = \"a b\""),
+        ] {
+            assert!(
+                from_toml(&with(listen, telnyx)).is_err(),
+                "{listen} {telnyx}"
+            );
         }
     }
 

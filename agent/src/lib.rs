@@ -31,7 +31,14 @@
 //! Serving:
 //! - [`ledger`]: the durable webhook ledger (`received` → `completed`).
 //! - [`proxy`]: the origin proxy `POST /callfence/telnyx`.
+//! - [`serve`]: both listeners' bounds: open connections, read timeouts,
+//!   the open-file budget.
+//! - [`local_auth`]: who may call the local API: Origin, Host, JSON, the
+//!   bearer token in `state_dir/local-api.token`.
 //! - [`local_api`]: the loopback API for the voice app (`/local/*`, probes).
+//! - [`telnyx_options`]: the Telnyx answer and dial options a caller may pass.
+//! - [`control`]: the Unix control socket the `deploy`, `rollback` and `job`
+//!   commands use (the agent's own user or root only).
 //! - [`context`]: the handles the running agent shares between its tasks.
 //! - [`run`]: the `run` command: servers, heartbeat loop, upkeep.
 //! - [`drain`]: the `drain` command.
@@ -52,6 +59,7 @@
 pub mod clock;
 pub mod config;
 pub mod context;
+pub mod control;
 pub mod deploy;
 pub mod drain;
 pub mod edge;
@@ -61,6 +69,7 @@ pub mod heartbeat;
 pub mod keys;
 pub mod ledger;
 pub mod local_api;
+pub mod local_auth;
 pub mod log;
 pub mod mode;
 pub mod net;
@@ -69,8 +78,10 @@ pub mod probe;
 pub mod proxy;
 pub mod run;
 pub mod seq;
+pub mod serve;
 pub mod status;
 pub mod telnyx_api;
+pub mod telnyx_options;
 
 use std::fmt;
 

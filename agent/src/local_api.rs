@@ -1,16 +1,24 @@
 //! The local API, on loopback only, for the voice app and local probes.
+//! Every request passes [`crate::local_auth::guard`] first (no `Origin`,
+//! the listener's own `Host`, JSON POSTs, and the bearer token on every
+//! path but `/healthz` and `/readyz`). Deploys, rollbacks and shedding
+//! are never offered here: they go through [`crate::control`].
 //!
 //! - `POST /local/answer {"call_control_id","call_session_id","epoch", ...options}`:
 //!   asks the edge for the answer fence (`POST /v1/fence`, node-signed, asked
 //!   again for up to 2.5 s while the edge is unreachable or answers 502-504); a
 //!   refused fence answers 409 `{"answered":false,"reason":..}` and Telnyx
 //!   is never called. A granted fence is followed by Telnyx `answer` with the
-//!   fence's `command_id` and the other options passed through, resent while
+//!   fence's `command_id` and the other options (the allow-list of
+//!   [`crate::telnyx_options::ANSWER`]; anything else is 400
+//!   `option_not_allowed` before the fence is asked) passed through, resent while
 //!   Telnyx is silent (see [`crate::telnyx_api`]); Telnyx's "already
 //!   answered" after a granted fence counts as success. 200
 //!   `{"answered":true,"first","epoch","command_id","media_token","granted_at"}`.
-//! - `POST /local/dial {...dial options}`: Telnyx `POST /v2/calls`, then the
-//!   claim (`POST /v1/claims`) so the new session's events come back here.
+//! - `POST /local/dial {...dial options}`: Telnyx `POST /v2/calls` with the
+//!   options of [`crate::telnyx_options::DIAL`] and the configured
+//!   `[telnyx] connection_id`, then the claim (`POST /v1/claims`) so the new
+//!   session's events come back here.
 //! - `POST /local/media/verify {"media_token"}`: the edge's fenced media check;
 //!   its verdict ([`callfence_core::wire::MediaValid`] or
 //!   [`callfence_core::wire::MediaInvalid`]) with the edge's 200 or 409.
@@ -28,6 +36,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -41,27 +50,28 @@ use callfence_core::wire::{
 use crate::clock::now_ms;
 use crate::context::Agent;
 use crate::edge::EdgeReply;
+use crate::local_auth::{guard, Gate};
 use crate::mode::{self, NodeMode};
+use crate::telnyx_options;
 
 /// Largest request body.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
-/// The local listener's routes.
-pub fn router(agent: Arc<Agent>) -> Router {
-    Router::new()
+/// The local listener's routes, behind `gate` (checked before the body is
+/// read, which must arrive within `timing.request_read_timeout_ms`).
+pub fn router(agent: Arc<Agent>, gate: Gate) -> Router {
+    let read_timeout = Duration::from_millis(agent.config.timing.request_read_timeout_ms);
+    let routes = Router::new()
         .route("/local/answer", post(answer))
         .route("/local/dial", post(dial))
         .route("/local/media/verify", post(media_verify))
         .route("/local/status", get(status))
-        .route(
-            "/local/deploy",
-            post(crate::deploy::job::post_deploy).get(crate::deploy::job::get_job),
-        )
-        .route("/local/rollback", post(crate::deploy::job::post_rollback))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(agent)
+        .with_state(agent);
+    crate::serve::read_body_within(routes, MAX_BODY_BYTES, read_timeout)
+        .layer(middleware::from_fn_with_state(Arc::new(gate), guard))
 }
 
 fn reply(status: StatusCode, body: Value) -> Response {
@@ -144,15 +154,17 @@ async fn answer_inner(agent: &Arc<Agent>, body: &[u8]) -> Result<Response, Respo
             json!({"error": "bad_request", "problem": "epoch must be a positive integer (Callfence-Epoch)"}),
         ));
     };
+    for k in ["call_control_id", "call_session_id", "epoch"] {
+        options.remove(k);
+    }
+    telnyx_options::check(&options, telnyx_options::ANSWER)
+        .map_err(|body| reply(StatusCode::BAD_REQUEST, body))?;
     let Some(telnyx) = agent.telnyx.as_ref() else {
         return Err(reply(
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"answered": false, "reason": "telnyx_api_not_configured"}),
         ));
     };
-    for k in ["call_control_id", "call_session_id", "epoch", "command_id"] {
-        options.remove(k);
-    }
     let request = FenceRequest::answer(&session, &ccid, epoch);
     let fence = ask_fence(agent, &request).await;
     let log_fields = |outcome: &str| json!({"call_session_id": session, "call_control_id": ccid, "epoch": epoch, "outcome": outcome});
@@ -255,16 +267,23 @@ async fn answer_inner(agent: &Arc<Agent>, body: &[u8]) -> Result<Response, Respo
 }
 
 async fn dial(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
-    let options = match object(&body) {
+    let mut options = match object(&body) {
         Ok(o) => o,
         Err((s, v)) => return reply(s, v),
     };
-    let Some(telnyx) = agent.telnyx.as_ref() else {
+    if let Err(refused) = telnyx_options::check(&options, telnyx_options::DIAL) {
+        return reply(StatusCode::BAD_REQUEST, refused);
+    }
+    let (Some(telnyx), Some(connection)) = (
+        agent.telnyx.as_ref(),
+        agent.config.telnyx_connection_id.as_ref(),
+    ) else {
         return reply(
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"dialed": false, "reason": "telnyx_api_not_configured"}),
         );
     };
+    options.insert("connection_id".into(), Value::String(connection.clone()));
     let r = match telnyx.dial(&Value::Object(options)).await {
         Err(e) => {
             crate::log::warn("telnyx_dial_unanswered", json!({"reason": e}));

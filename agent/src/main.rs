@@ -10,7 +10,9 @@
 //! - `mode get` / `mode set active|shadow|drained` ([`callfence_agent::mode`]).
 //! - `drain [--deadline 30m] [--shed]` ([`callfence_agent::drain`]).
 //! - `status`: the node's own view ([`callfence_agent::status`]).
-//! - `deploy --sha`, `rollback`, `releases` ([`callfence_agent::deploy`]).
+//! - `deploy --sha`, `rollback`, `job`, `releases` ([`callfence_agent::deploy`]),
+//!   the first three through the running agent's control socket
+//!   ([`callfence_agent::control`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,6 +90,9 @@ enum Command {
         #[command(flatten)]
         switch: SwitchArgs,
     },
+    /// Print the running agent's latest deploy, rollback or recovery
+    /// (steps and result) as JSON, asked over its control socket.
+    Job,
     /// List the kept releases: SHA, when deployed, result, which is current.
     Releases {
         /// Print JSON instead of text.
@@ -111,16 +116,18 @@ struct SwitchArgs {
 }
 
 impl SwitchArgs {
-    /// Asks the running agent at `path` (with `sha` for a deploy).
+    /// Asks the running agent over its control socket to run `op` (with
+    /// `sha` for a deploy).
     fn run(
         self,
         config_path: &std::path::Path,
-        path: &str,
+        op: &str,
         sha: Option<String>,
     ) -> Result<ExitCode, AgentError> {
-        let config = config::load(config_path)?;
-        let body = serde_json::json!({"sha": sha, "deadline": self.deadline, "shed": self.shed});
-        runtime()?.block_on(deploy::job::client(&config, path, body, self.json))
+        let state_dir = config::load_state_dir(config_path)?;
+        let request =
+            serde_json::json!({"op": op, "sha": sha, "deadline": self.deadline, "shed": self.shed});
+        runtime()?.block_on(deploy::job::client(&state_dir, request, self.json))
     }
 }
 
@@ -281,8 +288,17 @@ fn dispatch(cli: Cli) -> Result<ExitCode, AgentError> {
                 ExitCode::from(2)
             })
         }
-        Command::Deploy { sha, switch } => switch.run(&cli.config, "/local/deploy", Some(sha)),
-        Command::Rollback { switch } => switch.run(&cli.config, "/local/rollback", None),
+        Command::Deploy { sha, switch } => switch.run(&cli.config, "deploy", Some(sha)),
+        Command::Rollback { switch } => switch.run(&cli.config, "rollback", None),
+        Command::Job => {
+            let state_dir = config::load_state_dir(&cli.config)?;
+            let view = runtime()?.block_on(deploy::job::show(&state_dir))?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&view).unwrap_or_default()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Releases { json } => {
             let config = config::load(&cli.config)?;
             let d = config

@@ -120,13 +120,16 @@ impl IntoResponse for Delivery {
     }
 }
 
-/// The origin listener's routes.
+/// The origin listener's routes; each request's body must arrive within
+/// `timing.request_read_timeout_ms` ([`crate::serve::read_body_within`]).
 pub fn router(agent: Arc<Agent>) -> Router {
-    Router::new()
+    let read_timeout = Duration::from_millis(agent.config.timing.request_read_timeout_ms);
+    let routes = Router::new()
         .route("/callfence/telnyx", post(webhook))
         .route("/callfence/health", get(health))
         .layer(DefaultBodyLimit::max(MAX_WEBHOOK_BYTES))
-        .with_state(agent)
+        .with_state(agent);
+    crate::serve::read_body_within(routes, MAX_WEBHOOK_BYTES, read_timeout)
 }
 
 async fn health(State(agent): State<Arc<Agent>>) -> Response {

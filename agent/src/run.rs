@@ -1,9 +1,10 @@
-//! The `run` command: the origin proxy and the local API, the heartbeat loop
+//! The `run` command: the origin proxy, the local API and the control
+//! socket (each bounded: [`crate::serve`], [`crate::local_auth`],
+//! [`crate::control`]), the heartbeat loop
 //! (every `timing.heartbeat_interval_ms`), re-delivery of `received` ledger
 //! entries left by a previous process, and upkeep (ledger pruning and
 //! re-delivery of entries whose delivery failed). Stops on SIGINT or SIGTERM.
 
-use std::future::IntoFuture as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,16 +17,14 @@ use crate::clock::now_ms;
 use crate::config::Config;
 use crate::context::Agent;
 use crate::heartbeat::beat_once;
-use crate::{local_api, mode, proxy, AgentError};
+use crate::local_auth::{token_path, Gate, LocalToken};
+use crate::serve::{self, LOCAL_MAX_CONNECTIONS};
+use crate::{control, local_api, mode, proxy, AgentError};
 
 async fn bind(addr: std::net::SocketAddr, what: &str) -> Result<TcpListener, AgentError> {
     TcpListener::bind(addr)
         .await
         .map_err(|e| AgentError::new(format!("{what} cannot listen on {addr}: {e}")))
-}
-
-async fn stopped(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|v| *v).await;
 }
 
 async fn shutdown_signal() {
@@ -45,32 +44,55 @@ async fn shutdown_signal() {
 
 /// Runs the agent until a signal stops it.
 pub async fn run(config: Config) -> Result<(), AgentError> {
+    let open_files = serve::open_file_limit()?;
+    serve::check_descriptor_budget(config.max_connections, open_files)?;
     let agent = Agent::new(config)?;
     let cfg = &agent.config;
     let reading = mode::read(&cfg.state_dir);
+    let token = LocalToken::load_or_create(&cfg.state_dir)?;
+    let own_uid = control::own_uid()?;
     let origin = bind(cfg.listen_origin, "origin proxy").await?;
     let local = bind(cfg.listen_local, "local API").await?;
+    let local_addr = local
+        .local_addr()
+        .map_err(|e| AgentError::new(format!("local API: {e}")))?;
+    let control_socket = control::bind(&cfg.state_dir)?;
     crate::log::info(
         "agent_started",
         json!({"node": cfg.node, "version": crate::AGENT_VERSION, "mode": reading.mode.as_str(),
                "mode_note": reading.fallback, "origin": origin.local_addr().ok().map(|a| a.to_string()),
-               "local": local.local_addr().ok().map(|a| a.to_string()), "signing_key_id": agent.keys.current().kid,
-               "edge": cfg.edge_url.as_str()}),
+               "local": local_addr.to_string(), "signing_key_id": agent.keys.current().kid,
+               "edge": cfg.edge_url.as_str(), "max_connections": cfg.max_connections, "open_files": open_files,
+               "local_api_token": token_path(&cfg.state_dir).display().to_string(),
+               "control_socket": control::socket_path(&cfg.state_dir).display().to_string()}),
     );
     if let Some(note) = &reading.fallback {
         crate::log::warn("mode_fallback", json!({"mode": "drained", "why": note}));
     }
     let (stop_tx, stop_rx) = watch::channel(false);
-    let origin_srv = tokio::spawn(
-        axum::serve(origin, proxy::router(agent.clone()))
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future(),
-    );
-    let local_srv = tokio::spawn(
-        axum::serve(local, local_api::router(agent.clone()))
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future(),
-    );
+    let read_timeout = Duration::from_millis(cfg.timing.request_read_timeout_ms);
+    let origin_srv = tokio::spawn(serve::serve(
+        origin,
+        proxy::router(agent.clone()),
+        cfg.max_connections,
+        read_timeout,
+        stop_rx.clone(),
+        "origin",
+    ));
+    let local_srv = tokio::spawn(serve::serve(
+        local,
+        local_api::router(agent.clone(), Gate::new(local_addr, token)),
+        LOCAL_MAX_CONNECTIONS,
+        read_timeout,
+        stop_rx.clone(),
+        "local",
+    ));
+    let control_srv = tokio::spawn(control::serve(
+        control_socket,
+        agent.clone(),
+        own_uid,
+        stop_rx.clone(),
+    ));
     let notifier = crate::notify::Notifier::from_env().map(Arc::new);
     let watchdog = match (&notifier, crate::notify::watchdog_interval()) {
         (Some(n), Some(every)) => Some(tokio::spawn(crate::notify::watchdog(n.clone(), every))),
@@ -98,6 +120,8 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         let _ = local_srv.await;
     })
     .await;
+    control_srv.abort();
+    let _ = std::fs::remove_file(control::socket_path(&cfg.state_dir));
     beats.abort();
     upkeep.abort();
     if let Some(w) = watchdog {

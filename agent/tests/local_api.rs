@@ -36,38 +36,37 @@ async fn no_fence_means_no_telnyx_call_and_the_node_is_not_ready() {
     assert_eq!(v["app_reachable"], true);
     assert_eq!(v["beat_accepted_and_eligible"], false);
 
-    let r = http
-        .post(format!("{base}/local/answer"))
-        .json(&json!({"call_control_id": "v3:c1", "call_session_id": "s1", "epoch": 3}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 502);
-    let v: serde_json::Value = r.json().await.unwrap();
+    let (status, v) = n
+        .local(
+            "/local/answer",
+            Some(&json!({"call_control_id": "v3:c1", "call_session_id": "s1", "epoch": 3})),
+        )
+        .await;
+    assert_eq!(status, 502);
     assert_eq!(v, json!({"answered": false, "reason": "fence_unavailable"}));
-    let r = http
-        .post(format!("{base}/local/answer"))
-        .json(&json!({"call_control_id": "v3:c1", "call_session_id": "s1"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400, "epoch is required");
+    let (status, _) = n
+        .local(
+            "/local/answer",
+            Some(&json!({"call_control_id": "v3:c1", "call_session_id": "s1"})),
+        )
+        .await;
+    assert_eq!(status, 400, "epoch is required");
     assert_eq!(
         telnyx.record().await,
         Vec::<serde_json::Value>::new(),
         "Telnyx is never called without a fence"
     );
 
-    // A dial needs no fence: Telnyx gets it (with the agent's API key), and
-    // the claim that follows fails closed without an edge.
-    let r = http
-        .post(format!("{base}/local/dial"))
-        .json(&json!({"to": "+15105550199", "from": "+15102160079", "connection_id": "c1"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 502);
-    let v: serde_json::Value = r.json().await.unwrap();
+    // A dial needs no fence: Telnyx gets it (with the agent's API key and
+    // configured connection), and the claim that follows fails closed
+    // without an edge.
+    let (status, v) = n
+        .local(
+            "/local/dial",
+            Some(&json!({"to": "+15105550199", "from": "+15102160079"})),
+        )
+        .await;
+    assert_eq!(status, 502);
     assert_eq!(
         (&v["dialed"], &v["claimed"], &v["reason"]),
         (&json!(true), &json!(false), &json!("claim_unavailable"))
@@ -76,6 +75,7 @@ async fn no_fence_means_no_telnyx_call_and_the_node_is_not_ready() {
     assert_eq!(record.len(), 1, "{record:?}");
     assert_eq!(record[0]["action"], "dial");
     assert_eq!(record[0]["body"]["to"], "+15105550199");
+    assert_eq!(record[0]["body"]["connection_id"], CONNECTION_ID);
     assert_eq!(v["call_control_id"], v["telnyx"]["call_control_id"]);
     assert!(
         !n.log().contains("KEY_test_secret"),
@@ -162,20 +162,13 @@ async fn a_fence_the_edge_answers_503_is_asked_again_and_the_call_answered_once(
     let (telnyx, mut n) = active_node().await;
     let asked = flaky_edge(n.edge_port, 2).await;
     n.start().await;
-    let http = reqwest::Client::new();
-    let r = http
-        .post(format!("http://{}/local/answer", n.local))
-        .json(&json!({"call_control_id": "v3:c1", "call_session_id": "s1", "epoch": 3}))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let v: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(
-        (status.as_u16(), &v["answered"]),
-        (200, &json!(true)),
-        "{v}"
-    );
+    let (status, v) = n
+        .local(
+            "/local/answer",
+            Some(&json!({"call_control_id": "v3:c1", "call_session_id": "s1", "epoch": 3})),
+        )
+        .await;
+    assert_eq!((status, &v["answered"]), (200, &json!(true)), "{v}");
     assert_eq!(asked.load(Ordering::SeqCst), 3, "two 503s, then the grant");
     let answers: Vec<_> = telnyx
         .record()

@@ -92,12 +92,13 @@ describe("answering through real agents", () => {
 
   test("a leg dialled through /local/dial has its events come back to the node that dialled it", async () => {
     const m2 = c.nodes.M2;
-    const dial = await m2.local("/local/dial", { to: "+15105550199", from: LINE.number, connection_id: "conn-e2e" });
+    const dial = await m2.local("/local/dial", { to: "+15105550199", from: LINE.number });
     assert.equal(dial.status, 200, JSON.stringify(dial.body));
     assert.equal(dial.body.claimed, true);
     const { call_control_id: ccid, call_session_id: session, epoch } = dial.body;
     const dialReq = (await c.telnyx.requests()).find((r) => r.action === "dial");
     assert.equal(dialReq.body.to, "+15105550199");
+    assert.equal(dialReq.body.connection_id, "conn-e2e", "the agent's configured connection");
 
     // The session is M2's although the policy's line prefers M1.
     for (const type of ["call.initiated", "call.answered", "call.hangup"]) {

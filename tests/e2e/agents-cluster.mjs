@@ -378,6 +378,8 @@ export async function startCluster({ nodes, policy, deploy = [], edge: edgeOptio
       checkout,
       sha: git(checkout, "rev-parse", "HEAD"),
       stateDir: join(dir, "state"),
+      // Made by the agent when it first starts (SPEC §11).
+      tokenPath: join(dir, "state", "local-api.token"),
       configPath: join(dir, "agent.toml"),
       registryFields: fields,
       registryKeys: [{ kid: "k1", publicKey: key.publicKey }],
@@ -418,6 +420,7 @@ ${keys.edgeNextKid} = "${keys.edgeNext.publicKey}"
 public_keys = ["${keys.telnyx.publicKey}"]
 api_base = "${telnyx.url}"
 api_key_file = "${telnyxKey}"
+connection_id = "conn-e2e"
 
 [listen]
 origin = "127.0.0.1:${origin}"
@@ -469,6 +472,8 @@ ${node.deployToml}`,
         `127.0.0.1:${app}`,
         "--agent",
         node.localUrl,
+        "--agent-token-file",
+        node.tokenPath,
         "--line",
         `${LINE.id}=${LINE.number}`,
         ...extra,
@@ -482,14 +487,20 @@ ${node.deployToml}`,
       return Object.fromEntries((await res.json()).events.map((e) => [e.event_id, e]));
     };
     node.appStatus = async () => (await fetch(`${node.appUrl}/callfence/status`)).json();
+    /** A local API request as the voice app sends it: JSON, with the agent's token. */
     node.local = async (path, body) =>
       read(
         await fetch(`${node.localUrl}${path}`, {
           method: body === undefined ? "GET" : "POST",
-          headers: { "content-type": "application/json" },
+          headers: { "content-type": "application/json", authorization: `Bearer ${readFileSync(node.tokenPath, "utf8").trim()}` },
           body: body === undefined ? undefined : JSON.stringify(body),
         }),
       );
+    /** The running agent's latest deploy job (`callfence-agent job`, over its control socket), or null. */
+    node.job = () => {
+      const r = node.cli("job");
+      return r.status === 0 ? JSON.parse(r.stdout) : null;
+    };
     node.logs = () => (node.agent ? node.agent.lines : []);
     if (originFront) node.originUrl = await originFront(id, node.listenOrigin);
     node.writeConfig();
@@ -592,7 +603,7 @@ flags=""
 [ -f "$cur/WRONG_SHA" ] && flags="$flags --sha 0000000000000000000000000000000000000000"
 [ -f "$cur/REFUSE_PROBES" ] && flags="$flags --refuse-probes"
 if [ -f "$cur/BREAK_TUNNEL" ]; then touch '${broken}'; else rm -f '${broken}'; fi
-'${join(binDir, "callfence-demo-app")}' --listen 127.0.0.1:${app} --agent '${node.localUrl}' --line '${LINE.id}=${LINE.number}' --checkout "$cur" $flags >> '${join(dir, "app.log")}' 2>&1 < /dev/null &
+'${join(binDir, "callfence-demo-app")}' --listen 127.0.0.1:${app} --agent '${node.localUrl}' --agent-token-file '${node.tokenPath}' --line '${LINE.id}=${LINE.number}' --checkout "$cur" $flags >> '${join(dir, "app.log")}' 2>&1 < /dev/null &
 echo $! > "$pidfile"
 `,
   );

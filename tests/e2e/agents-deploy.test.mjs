@@ -194,8 +194,8 @@ describe("callfence-agent deploy", () => {
     m1.lastCli.kill("SIGKILL");
     await running;
     await hangUp(c, call);
-    await waitFor("the deploy finished in the agent", async () => (await m1.local("/local/deploy")).body.result, { timeout: 40_000 });
-    const job = (await m1.local("/local/deploy")).body;
+    await waitFor("the deploy finished in the agent", async () => m1.job()?.result, { timeout: 40_000 });
+    const job = m1.job();
     assert.equal(job.result.ok, true, JSON.stringify(job.result));
     await settledOn(c, target);
   });
@@ -217,9 +217,9 @@ describe("callfence-agent deploy", () => {
 
     const watch = watchEligible(c, target, async () => true);
     await m1.startAgent();
-    await waitFor("the recovery", async () => (await m1.local("/local/deploy")).body.result, { timeout: 40_000 });
+    await waitFor("the recovery", async () => m1.job()?.result, { timeout: 40_000 });
     const bad = await watch.stop();
-    const job = (await m1.local("/local/deploy")).body;
+    const job = m1.job();
     assert.equal(job.kind, "recover");
     assert.equal(job.result.restored, true, JSON.stringify(job.result));
     assert.deepEqual(bad, [], "never eligible on the unverified release");

@@ -3,7 +3,9 @@
 //! `callfence_agent::probe`), takes webhooks from its agent on loopback, and
 //! on `call.initiated` (incoming) asks the agent's `/local/answer` (again, for
 //! about 2 s, while the agent is unreachable), with the
-//! epoch from `Callfence-Epoch`. It counts a call from `call.initiated` to
+//! epoch from `Callfence-Epoch` and the bearer token read from
+//! `--agent-token-file` (the agent's `state_dir/local-api.token`, read at
+//! each answer: the agent makes it when it first starts). It counts a call from `call.initiated` to
 //! `call.hangup`. `GET /demo/events` lists every webhook it was handed (event
 //! id, type and how many times), and `--slow-ms` delays each webhook answer,
 //! so the end-to-end suite can see re-deliveries and crash in mid-delivery.
@@ -33,9 +35,13 @@ struct Args {
     /// Loopback address to listen on (webhooks at /telnyx/webhook, status at /callfence/status).
     #[arg(long, default_value = "127.0.0.1:9000")]
     listen: SocketAddr,
-    /// The agent's local API base URL.
+    /// The agent's local API base URL: exactly its `listen.local` address
+    /// (the agent refuses any other Host).
     #[arg(long, default_value = "http://127.0.0.1:8444")]
     agent: String,
+    /// The agent's local API token file (`<state_dir>/local-api.token`).
+    #[arg(long, value_name = "PATH")]
+    agent_token_file: Option<std::path::PathBuf>,
     /// Capacity reported as max_calls.
     #[arg(long, default_value_t = 10)]
     max_calls: u32,
@@ -212,12 +218,19 @@ async fn call_event(app: Arc<App>, headers: HeaderMap, body: Bytes) -> Json<Valu
                 tokio::spawn(async move {
                     let url = format!("{}/local/answer", app.args.agent.trim_end_matches('/'));
                     let req = json!({"call_control_id": ccid, "call_session_id": session, "epoch": epoch});
+                    let token = app
+                        .args
+                        .agent_token_file
+                        .as_deref()
+                        .and_then(|p| std::fs::read_to_string(p).ok())
+                        .map(|t| t.trim().to_string())
+                        .unwrap_or_default();
                     // The agent may be restarting: ask again while it is
                     // unreachable (an answer at the same epoch is
                     // idempotent; the agent itself retries the edge).
                     let answered = callfence_agent::net::retried(
                         std::time::Duration::MAX,
-                        || app.http.post(&url).json(&req).send(),
+                        || app.http.post(&url).bearer_auth(&token).json(&req).send(),
                         |r| r.is_err(),
                     )
                     .await;

@@ -1,11 +1,13 @@
-//! The running agent's one deploy slot, its local API and the client the
-//! `deploy` and `rollback` commands use.
+//! The running agent's one deploy slot, what the control socket
+//! ([`crate::control`]) asks of it, and the client the `deploy`,
+//! `rollback` and `job` commands use. Never on the HTTP local API.
 //!
-//! - `POST /local/deploy {"sha","shed"?,"deadline"?}` and
-//!   `POST /local/rollback {"shed"?,"deadline"?}`: 202 `{"id"}` once the job
+//! - `{"op":"deploy","sha","shed"?,"deadline"?}` and
+//!   `{"op":"rollback","shed"?,"deadline"?}`: 202 `{"id","pid"}` once the job
 //!   runs in the agent; 409 `deploy_in_progress` while one runs; 404
 //!   `deploy_not_configured` without a `[deploy]` table.
-//! - `GET /local/deploy`: the latest job: `{"id","kind","steps",[...],"result":Outcome|null}`.
+//! - `{"op":"job"}`: the latest job: `{"pid","id","kind","steps":[...],"result":Outcome|null}`,
+//!   404 `no_deploy` before the first.
 //!
 //! The job runs in a task of the agent, not of the request: a client that
 //! goes away (the command killed) changes nothing about it.
@@ -14,16 +16,11 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::steps::{self, Recorder, Request};
 use super::{journal, Outcome, StepRecord};
-use crate::config::Config;
 use crate::context::Agent;
 use crate::AgentError;
 
@@ -101,10 +98,10 @@ enum Kind {
     Rollback,
 }
 
-/// Starts a job in the agent; the id, or why not.
-fn start(agent: &Arc<Agent>, kind: Kind, req: Request) -> Result<u64, (StatusCode, &'static str)> {
+/// Starts a job in the agent; the id, or why not (status and code).
+fn start(agent: &Arc<Agent>, kind: Kind, req: Request) -> Result<u64, (u16, &'static str)> {
     let Some(cfg) = agent.config.deploy.clone() else {
-        return Err((StatusCode::NOT_FOUND, "deploy_not_configured"));
+        return Err((404, "deploy_not_configured"));
     };
     let name = match kind {
         Kind::Deploy => "deploy",
@@ -113,7 +110,7 @@ fn start(agent: &Arc<Agent>, kind: Kind, req: Request) -> Result<u64, (StatusCod
     let id = agent
         .deploy
         .begin(name)
-        .ok_or((StatusCode::CONFLICT, "deploy_in_progress"))?;
+        .ok_or((409, "deploy_in_progress"))?;
     let a = agent.clone();
     tokio::spawn(async move {
         let rec = Recorder::new(a.clone());
@@ -194,72 +191,59 @@ fn request(body: &Value, with_sha: bool) -> Result<Request, String> {
     })
 }
 
-fn answer(agent: &Arc<Agent>, kind: Kind, body: &[u8]) -> Response {
-    let parsed = serde_json::from_slice::<Value>(body)
-        .map_err(|_| "body must be JSON".to_string())
-        .and_then(|v| request(&v, matches!(kind, Kind::Deploy)));
-    let req = match parsed {
+/// A control socket request to start a deploy (`with_sha`) or a rollback:
+/// 202 `{"id","pid"}`, or the refusal.
+pub fn start_from(agent: &Arc<Agent>, with_sha: bool, body: &Value) -> (u16, Value) {
+    let kind = if with_sha {
+        Kind::Deploy
+    } else {
+        Kind::Rollback
+    };
+    let req = match request(body, with_sha) {
         Ok(r) => r,
-        Err(problem) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(json!({"error": "bad_request", "problem": problem})),
-            )
-                .into_response()
-        }
+        Err(problem) => return (400, json!({"error": "bad_request", "problem": problem})),
     };
     match start(agent, kind, req) {
-        Ok(id) => (
-            StatusCode::ACCEPTED,
-            Json(json!({"id": id, "pid": std::process::id()})),
-        )
-            .into_response(),
-        Err((status, code)) => (status, Json(json!({"error": code}))).into_response(),
+        Ok(id) => (202, json!({"id": id, "pid": std::process::id()})),
+        Err((status, code)) => (status, json!({"error": code})),
     }
 }
 
-/// `POST /local/deploy`.
-pub async fn post_deploy(State(agent): State<Arc<Agent>>, body: axum::body::Bytes) -> Response {
-    answer(&agent, Kind::Deploy, &body)
-}
-
-/// `POST /local/rollback`.
-pub async fn post_rollback(State(agent): State<Arc<Agent>>, body: axum::body::Bytes) -> Response {
-    answer(&agent, Kind::Rollback, &body)
-}
-
-/// `GET /local/deploy`.
-pub async fn get_job(State(agent): State<Arc<Agent>>) -> Response {
+/// The latest job, for the control socket.
+pub fn latest(agent: &Agent) -> (u16, Value) {
     match agent.deploy.view() {
-        Some(v) => Json(v).into_response(),
-        None => (StatusCode::NOT_FOUND, Json(json!({"error": "no_deploy"}))).into_response(),
+        Some(v) => (200, json!(v)),
+        None => (404, json!({"error": "no_deploy"})),
     }
 }
 
-/// The `deploy` and `rollback` commands: ask the running agent, print each
+/// The `job` command: the running agent's latest job, as JSON.
+pub async fn show(state_dir: &std::path::Path) -> Result<Value, AgentError> {
+    match crate::control::ask(state_dir, &json!({"op": "job"})).await? {
+        (200, view) => Ok(view),
+        (status, body) => Err(AgentError::new(format!(
+            "the agent answered {status} {}",
+            body.get("error").and_then(Value::as_str).unwrap_or("?")
+        ))),
+    }
+}
+
+/// The `deploy` and `rollback` commands: ask the running agent over the
+/// control socket of `state_dir` (`request` carries the `op`), print each
 /// step as it finishes (or, with `json`, only the final [`Outcome`]), and
 /// exit 0 only when the release is live and verified.
 pub async fn client(
-    config: &Config,
-    path: &str,
-    body: Value,
+    state_dir: &std::path::Path,
+    request: Value,
     json_out: bool,
 ) -> Result<ExitCode, AgentError> {
-    let http = crate::net::client()?;
-    let base = format!("http://{}", config.listen_local);
-    let unreachable = |e: reqwest::Error| {
-        AgentError::new(format!(
-            "the agent is not running at {base} ({e}): deploy runs inside `callfence-agent run`, so that a crash of either side is recovered from the journal"
-        ))
-    };
-    let resp = http
-        .post(format!("{base}{path}"))
-        .json(&body)
-        .send()
+    let (status, started) = crate::control::ask(state_dir, &request)
         .await
-        .map_err(unreachable)?;
-    let status = resp.status().as_u16();
-    let started: Value = resp.json().await.unwrap_or(Value::Null);
+        .map_err(|e| {
+            AgentError::new(format!(
+                "{e}: deploy runs inside `callfence-agent run`, so that a crash of either side is recovered from the journal"
+            ))
+        })?;
     if status != 202 {
         return Err(AgentError::new(format!(
             "the agent refused: {} {}",
@@ -278,9 +262,9 @@ pub async fn client(
     let mut silent_since = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let view = match http.get(format!("{base}/local/deploy")).send().await {
-            Ok(r) => r.json::<JobView>().await.ok(),
-            Err(_) => None,
+        let view = match crate::control::ask(state_dir, &json!({"op": "job"})).await {
+            Ok((200, v)) => serde_json::from_value::<JobView>(v).ok(),
+            _ => None,
         };
         let Some(view) = view else {
             if silent_since.elapsed() > CLIENT_PATIENCE {

@@ -25,6 +25,8 @@ use serde_json::{json, Value};
 pub const BIN: &str = env!("CARGO_BIN_EXE_callfence-agent");
 pub const NODE: &str = "M1";
 pub const EDGE_KID: &str = "edge1";
+/// The `[telnyx] connection_id` of a node with a Telnyx API.
+pub const CONNECTION_ID: &str = "conn-configured";
 
 pub fn now_ms() -> i64 {
     callfence_agent::clock::now_ms()
@@ -120,7 +122,7 @@ pub fn node(keys: &Keys, app_url: &str, telnyx_api: Option<&str>) -> Node {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
             format!(
-                "api_base = \"{base}\"\napi_key_file = \"{}\"\n",
+                "api_base = \"{base}\"\napi_key_file = \"{}\"\nconnection_id = \"{CONNECTION_ID}\"\n",
                 f.display()
             )
         }
@@ -199,12 +201,26 @@ impl Node {
 
     /// Starts `run` and waits for its local API.
     pub async fn start(&mut self) {
+        self.start_under(&[]).await
+    }
+
+    /// Starts `run` under `wrapper` (e.g. `prlimit --nofile=256:256`),
+    /// and waits for its local API.
+    pub async fn start_under(&mut self, wrapper: &[&str]) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.join("agent.log"))
             .unwrap();
-        let child = Command::new(BIN)
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = command
             .arg("--config")
             .arg(&self.config)
             .arg("run")
@@ -240,12 +256,78 @@ impl Node {
     pub fn webhook_url(&self) -> String {
         format!("http://{}/callfence/telnyx", self.origin)
     }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    /// The local API token the running agent made (`state/local-api.token`;
+    /// empty when there is none, so that a test run against an agent
+    /// without tokens fails on what that agent does, not here).
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.state_dir().join("local-api.token"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    /// A local API request as the voice app sends it: the token, JSON.
+    pub async fn local(&self, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let url = format!("http://{}{path}", self.local);
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let req = match body {
+            Some(b) => http.post(url).json(b),
+            None => http.get(url),
+        };
+        let resp = req
+            .bearer_auth(self.token())
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// Replaces `from` with `to` in the config file (before `start`).
+    pub fn edit_config(&self, from: &str, to: &str) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        assert!(text.contains(from), "{from:?} not in the config");
+        std::fs::write(&self.config, text.replacen(from, to, 1)).unwrap();
+    }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// Sends `request` as raw bytes on a new connection to `addr` (a browser's
+/// request, with exactly the headers given) and reads the answer to the
+/// end: its status (0 when none) and JSON body (`Null` when not JSON).
+pub fn raw_http(addr: SocketAddr, request: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let _ = conn.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
 /// A Telnyx webhook body.
