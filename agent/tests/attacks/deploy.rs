@@ -8,25 +8,14 @@
 //! with the real `deploy` command. The runtime is multi-threaded: the
 //! command blocks the test's thread while the stand-in edge answers.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use axum::Json;
 use serde_json::{json, Value};
 
 use crate::common::*;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+use crate::git;
 
 /// A deployable node: its remote holds `main_sha` on `main` and `pr_sha`
 /// only at `refs/pull/7/head`.

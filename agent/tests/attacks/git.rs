@@ -11,17 +11,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::common::*;
-
-fn git(dir: &Path, args: &[&str]) {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-}
+use crate::git;
 
 /// A clean checkout with one commit, and a node whose runtime checkout it
 /// is.
@@ -64,15 +54,21 @@ fn hook(dir: &Path, marker: &Path, then: &str) -> PathBuf {
     script
 }
 
-#[test]
-fn a_checkouts_fsmonitor_hook_is_never_run() {
-    let (n, repo) = checkout_node();
+/// Sets the checkout's `core.fsmonitor` to a hook; where its marker goes.
+fn with_fsmonitor(n: &Node, repo: &Path) -> PathBuf {
     let marker = n.dir.join("fsmonitor-ran");
     let script = hook(&n.dir, &marker, "exit 0");
     git(
-        &repo,
+        repo,
         &["config", "core.fsmonitor", &script.display().to_string()],
     );
+    marker
+}
+
+#[test]
+fn a_checkouts_fsmonitor_hook_is_never_run() {
+    let (n, repo) = checkout_node();
+    let marker = with_fsmonitor(&n, &repo);
     let view = observe(&n);
     assert!(
         !marker.exists(),
@@ -114,12 +110,7 @@ fn a_gitattributes_filter_is_never_run() {
 #[test]
 fn a_checkout_owned_by_another_user_is_dirty_and_says_why() {
     let (n, repo) = checkout_node();
-    let marker = n.dir.join("fsmonitor-ran");
-    let script = hook(&n.dir, &marker, "exit 0");
-    git(
-        &repo,
-        &["config", "core.fsmonitor", &script.display().to_string()],
-    );
+    let marker = with_fsmonitor(&n, &repo);
     let chown = Command::new("chown")
         .args(["-R", "nobody"])
         .arg(&repo)
