@@ -70,7 +70,18 @@ const FILTER_PROGRAMS: &str = r"^filter\..*\.(clean|smudge|process)$";
 /// Runs `git -C dir args...` within `timeout`; its stdout, or a short
 /// reason (the first 200 characters of git's complaint).
 pub(crate) async fn run(dir: &Path, args: &[&str], timeout: Duration) -> Result<String, String> {
-    let out = exec(dir, args, timeout).await?;
+    let config = overrides(dir, timeout).await?;
+    run_with(dir, args, timeout, &config).await
+}
+
+/// [`run`] with the overrides already read.
+async fn run_with(
+    dir: &Path,
+    args: &[&str],
+    timeout: Duration,
+    config: &[(String, String)],
+) -> Result<String, String> {
+    let out = spawn(dir, args, timeout, config).await?;
     if !out.status.success() {
         return Err(complaint(args, &out));
     }
@@ -80,7 +91,8 @@ pub(crate) async fn run(dir: &Path, args: &[&str], timeout: Duration) -> Result<
 /// Runs a git command that answers yes (exit 0) or no (exit 1), like
 /// `merge-base --is-ancestor`; anything else is an error.
 pub(crate) async fn ask(dir: &Path, args: &[&str], timeout: Duration) -> Result<bool, String> {
-    let out = exec(dir, args, timeout).await?;
+    let config = overrides(dir, timeout).await?;
+    let out = spawn(dir, args, timeout, &config).await?;
     match out.status.code() {
         Some(0) => Ok(true),
         Some(1) => Ok(false),
@@ -126,11 +138,6 @@ async fn overrides(dir: &Path, timeout: Duration) -> Result<Vec<(String, String)
         Some(1) | Some(128) => Ok(list),
         _ => Err(complaint(&args, &out)),
     }
-}
-
-async fn exec(dir: &Path, args: &[&str], timeout: Duration) -> Result<Output, String> {
-    let list = overrides(dir, timeout).await?;
-    spawn(dir, args, timeout, &list).await
 }
 
 /// The one place git is started: cleared environment, no system or global
@@ -215,7 +222,11 @@ pub async fn inspect(dir: &Path) -> Checkout {
         return unknown(e);
     }
     let t = Duration::from_secs(10);
-    let sha = match run(dir, &["rev-parse", "--show-toplevel", "HEAD"], t)
+    let config = match overrides(dir, t).await {
+        Ok(c) => c,
+        Err(e) => return unknown(e),
+    };
+    let sha = match run_with(dir, &["rev-parse", "--show-toplevel", "HEAD"], t, &config)
         .await
         .and_then(|text| head_of_top_level(dir, &text))
     {
@@ -228,7 +239,7 @@ pub async fn inspect(dir: &Path) -> Checkout {
         "--untracked-files=all",
         "--ignore-submodules=all",
     ];
-    match run(dir, &status, t).await {
+    match run_with(dir, &status, t, &config).await {
         Ok(text) => Checkout {
             sha,
             dirty: !text.trim().is_empty(),
