@@ -111,7 +111,7 @@ describe("callfence-agent deploy", () => {
     assert.equal(out.live, good);
     assert.equal(out.from, before);
     const names = out.steps.map((s) => s.step);
-    for (const step of ["validate", "allowed_shas", "fetch", "checkout", "build", "journal", "drain", "switch", "restart", "health", "connector", "l5", "mode"]) {
+    for (const step of ["validate", "build_user", "allowed_shas", "fetch", "branch", "checkout", "build", "journal", "drain", "switch", "restart", "health", "connector", "l5", "mode"]) {
       assert.ok(names.includes(step), `${step} in ${names}`);
     }
     assert.ok(out.steps.every((s) => s.ok && Number.isInteger(s.ms)), JSON.stringify(out.steps));

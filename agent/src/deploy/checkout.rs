@@ -122,7 +122,6 @@ async fn fetch(cfg: &DeployConfig, sha: &str) -> Result<(PathBuf, Scratch), Fail
             format!("the remote gave {} for {sha}", got.trim()),
         ));
     }
-    on_branch(cfg, &incoming, sha).await?;
     Ok((incoming, guard))
 }
 
@@ -161,8 +160,9 @@ async fn on_branch(cfg: &DeployConfig, repo: &Path, sha: &str) -> Result<(), Fai
     Ok(())
 }
 
-/// Steps 1–2: fetch, detached checkout, clean, build, clean, artifacts,
-/// then the move into `releases_dir/<sha>`, each recorded as a step.
+/// Steps 1–2: fetch, the protected branch, detached checkout, clean,
+/// build, clean, artifacts, then the move into `releases_dir/<sha>`, each
+/// recorded as a step.
 pub async fn prepare(
     cfg: &DeployConfig,
     runner: &Runner,
@@ -173,10 +173,13 @@ pub async fn prepare(
         .map_err(|e| Failure::new("fetch", format!("releases_dir: {e}")))?;
     let started = record.start();
     let (work, guard) = fetch(cfg, sha).await?;
+    record.done("fetch", started, format!("{sha} from the remote"));
+    let started = record.start();
+    on_branch(cfg, &work, sha).await?;
     record.done(
-        "fetch",
+        "branch",
         started,
-        format!("{sha} from the remote, on {}", cfg.branch),
+        format!("reachable from {} of the remote", cfg.branch),
     );
     let started = record.start();
     git::run(
