@@ -11,7 +11,7 @@
 //! # Git runs no configured program (SPEC §11)
 //!
 //! Every git command the agent runs, here and in the deploy, goes through
-//! [`run`], which keeps a repository's configuration from running anything
+//! `run`, which keeps a repository's configuration from running anything
 //! as the agent:
 //! - the checkout and its `.git` must be owned by the agent's own user
 //!   ([`owned_by_agent`]), and git's own ownership check stays on (no

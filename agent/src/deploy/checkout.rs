@@ -12,7 +12,7 @@
 //! upstream URL: a pull request's head (`refs/pull/N/head`) and commits of
 //! the whole fork network included. So "the remote has this SHA" says
 //! nothing about who wrote it. The tip of `refs/heads/<branch>` is fetched
-//! explicitly (into the private ref [`PROTECTED_REF`]) and the commit must
+//! explicitly (into the private ref `refs/callfence/protected`) and the commit must
 //! be its ancestor (`git merge-base --is-ancestor`), before anything is
 //! checked out or built.
 
