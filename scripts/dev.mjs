@@ -228,7 +228,7 @@ function ensureDemoAppRepo() {
   if (existsSync(join(repo, ".git"))) return git(repo, "rev-list", "--max-parents=0", "HEAD").split("\n")[0];
   rmSync(repo, { recursive: true, force: true });
   mkdirSync(repo, { recursive: true });
-  git(repo, "init", "-q");
+  git(repo, "init", "-q", "-b", "main");
   writeFileSync(join(repo, "README.md"), "The callfence demo voice app (callfence-demo-app runs from each release).\n");
   git(repo, "add", "README.md");
   git(repo, "commit", "-q", "--no-verify", "-m", "demo app, release 1");
@@ -323,6 +323,11 @@ upkeep_interval_ms = 10000
 
 [deploy]
 remote = "${paths.demoApp}"
+# Only commits on this branch of the remote are deployed.
+branch = "${git(paths.demoApp, "symbolic-ref", "--short", "HEAD")}"
+# Development only: restart runs as this agent's user, who can read its keys
+# (every deploy logs a warning). A real node names a build_user instead.
+build_can_read_keys = true
 releases_dir = "${releases}"
 current = "${checkout}"
 restart = "node ${join(ROOT, "scripts", "dev-restart.mjs")} ${supervisorUrl}/restart/${n.node}"

@@ -67,6 +67,11 @@ struct RawDeploy {
     build_timeout: String,
     #[serde(default = "default_keep")]
     keep: usize,
+    #[serde(default = "default_branch")]
+    branch: String,
+    build_user: Option<String>,
+    #[serde(default)]
+    build_can_read_keys: bool,
 }
 
 fn default_health_timeout() -> String {
@@ -80,6 +85,9 @@ fn default_build_timeout() -> String {
 }
 fn default_keep() -> usize {
     3
+}
+fn default_branch() -> String {
+    "main".into()
 }
 
 /// The `[deploy]` table (SPEC §14): where releases come from and live, how
@@ -106,6 +114,15 @@ pub struct DeployConfig {
     pub build_timeout: std::time::Duration,
     /// How many releases besides the current one are kept.
     pub keep: usize,
+    /// The protected branch of `remote`: only commits reachable from it
+    /// are deployed (default `main`).
+    pub branch: String,
+    /// The account that runs `build` and `restart`; it must not be able to
+    /// read the agent's keys (see [`crate::deploy::build_user`]).
+    pub build_user: Option<String>,
+    /// Development only: deploy even when the build runs as an account
+    /// that can read the keys (every such deploy logs a warning).
+    pub build_can_read_keys: bool,
 }
 
 /// A node key: its id in the node registry and the file holding its seed.
@@ -584,7 +601,7 @@ fn validate_deploy(d: RawDeploy, runtime_checkout: &Path) -> Result<DeployConfig
                 .contains(':')
         {
             return Err(err(
-                "deploy.remote must not carry a password: use a git credential helper or an SSH key",
+                "deploy.remote must not carry a password: use an SSH key (git runs without system or global configuration, so no credential helper)",
             ));
         }
     }
@@ -631,6 +648,18 @@ fn validate_deploy(d: RawDeploy, runtime_checkout: &Path) -> Result<DeployConfig
     if !(1..=50).contains(&d.keep) {
         return Err(err("deploy.keep must be 1 to 50"));
     }
+    if !is_branch(&d.branch) {
+        return Err(err(
+            "deploy.branch must be a branch name (letters, digits, ._/-; no \"..\")",
+        ));
+    }
+    if let Some(user) = &d.build_user {
+        if !crate::identity::is_user_name(user) {
+            return Err(err(
+                "deploy.build_user must be a user name (^[a-z_][a-z0-9_-]{0,31}$)",
+            ));
+        }
+    }
     let duration = |text: &str, what: &str| {
         crate::drain::parse_duration(text)
             .map_err(|e| err(format!("deploy.{what}: {e}")))
@@ -653,7 +682,24 @@ fn validate_deploy(d: RawDeploy, runtime_checkout: &Path) -> Result<DeployConfig
         drain_deadline: duration(&d.drain_deadline, "drain_deadline")?,
         build_timeout: duration(&d.build_timeout, "build_timeout")?,
         keep: d.keep,
+        branch: d.branch,
+        build_user: d.build_user,
+        build_can_read_keys: d.build_can_read_keys,
     })
+}
+
+/// A branch name git takes as `refs/heads/<name>` without surprises.
+fn is_branch(name: &str) -> bool {
+    (1..=200).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b))
+        && !name.starts_with(['-', '/', '.'])
+        && !name.ends_with(['/', '.'])
+        && !name.ends_with(".lock")
+        && !name.contains("..")
+        && !name.contains("//")
+        && !name.contains("/.")
 }
 
 fn is_unit(name: &str) -> bool {
@@ -777,6 +823,15 @@ mod tests {
         let d = from_toml(&with(ok)).unwrap().deploy.unwrap();
         assert_eq!(d.restart, "systemctl restart voice-app.service");
         assert_eq!((d.keep, d.health_timeout.as_secs()), (3, 60));
+        assert_eq!((d.branch.as_str(), d.build_user.as_deref()), ("main", None));
+        assert!(!d.build_can_read_keys, "the opt-out is never the default");
+        let d = from_toml(&with(&format!(
+            "{ok}\nbranch = \"release/2026\"\nbuild_user = \"callfence-build\""
+        )))
+        .unwrap()
+        .deploy
+        .unwrap();
+        assert_eq!(d.branch, "release/2026");
         for bad in [
             ok.replace("/srv/app/releases", "/tmp/releases"),
             ok.replace("current = \"/srv/app/current\"", "current = \"/srv/other\""),
@@ -789,6 +844,10 @@ mod tests {
                 "https://bot:s3cret@git.example.com/app.git",
             ),
             format!("{ok}\nhealth_timeout = \"soon\""),
+            format!("{ok}\nbranch = \"-main\""),
+            format!("{ok}\nbranch = \"main..x\""),
+            format!("{ok}\nbranch = \"refs/heads/../x\""),
+            format!("{ok}\nbuild_user = \"-u root\""),
         ] {
             assert!(from_toml(&with(&bad)).is_err(), "{bad}");
         }

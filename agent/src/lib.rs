@@ -20,7 +20,9 @@
 //! - [`keys`]: node signing keys: generation, loading, rotation to a `next` key.
 //! - [`mode`]: the persisted, fail-closed mode (`active`, `shadow`, `drained`).
 //! - [`seq`]: the persisted, strictly increasing heartbeat sequence number.
-//! - [`git`]: the SHA and cleanliness of the runtime checkout.
+//! - [`git`]: the SHA and cleanliness of the runtime checkout; the one way
+//!   git is run (no configured program ever runs).
+//! - [`identity`]: the agent's own user and the accounts it names.
 //! - [`probe`]: the voice app's status contract and the tunnel probe.
 //!
 //! Talking to others:
@@ -66,6 +68,7 @@ pub mod edge;
 pub mod files;
 pub mod git;
 pub mod heartbeat;
+pub mod identity;
 pub mod keys;
 pub mod ledger;
 pub mod local_api;

@@ -539,8 +539,12 @@ ${node.deployToml}`,
  * Gives `node` a releases layout: a bare remote whose first commit is
  * checked out (and built) as the current release, the supervisor script,
  * and a fake tunnel in front of the agent's public probe URL. Adds
- * `node.commit(name, files)` (a branch off the first commit in the remote;
- * a file whose content is null is deleted) returning the new SHA.
+ * `node.commit(name, files)` (a branch off the first commit in the remote,
+ * merged into `main` with the "ours" strategy so that it is reachable from
+ * the protected branch without changing main's tree; a file whose content
+ * is null is deleted) returning the new SHA, and `node.pullRequest(n, files)`
+ * (the same commit, served only at `refs/pull/<n>/head`, as a code host
+ * serves a pull request).
  */
 async function makeDeployable(node, binDir, { app, origin }) {
   const { dir, id } = node;
@@ -548,7 +552,7 @@ async function makeDeployable(node, binDir, { app, origin }) {
   const remote = join(dir, "remote.git");
   mkdirSync(src, { recursive: true });
   spawnSync("git", ["init", "-q", "--bare", remote]);
-  git(src, "init", "-q");
+  git(src, "init", "-q", "-b", "main");
   writeFileSync(join(src, "app.txt"), `voice app for ${id}, release 1\n`);
   writeFileSync(join(src, "build.sh"), "mkdir -p build && cp app.txt build/app.out\n");
   writeFileSync(join(src, ".gitignore"), "build/\n");
@@ -558,7 +562,7 @@ async function makeDeployable(node, binDir, { app, origin }) {
   const first = git(src, "rev-parse", "HEAD");
   node.remote = remote;
   node.firstSha = first;
-  node.commit = (name, files) => {
+  const branchOff = (name, files) => {
     git(src, "checkout", "-q", "-B", name, first);
     for (const [path, content] of Object.entries(files)) {
       if (content === null) rmSync(join(src, path), { force: true });
@@ -566,8 +570,22 @@ async function makeDeployable(node, binDir, { app, origin }) {
     }
     git(src, "add", "-A");
     git(src, "commit", "-q", "--allow-empty", "-m", name);
-    git(src, "push", "-q", "-f", remote, `${name}:refs/heads/${name}`);
     return git(src, "rev-parse", "HEAD");
+  };
+  // The git commands run synchronously in this process, which also serves
+  // the node's tunnel: each blocks the tunnel's answers, so the merge into
+  // main is plumbing (no checkout) and both refs go in the one push.
+  node.commit = (name, files) => {
+    const sha = branchOff(name, files);
+    const merge = git(src, "commit-tree", "main^{tree}", "-p", "main", "-p", sha, "-m", `merge ${name}`);
+    git(src, "update-ref", "refs/heads/main", merge);
+    git(src, "push", "-q", "-f", remote, `${name}:refs/heads/${name}`, "main:refs/heads/main");
+    return sha;
+  };
+  node.pullRequest = (n, files) => {
+    const sha = branchOff(`pr-${n}`, files);
+    git(src, "push", "-q", "-f", remote, `HEAD:refs/pull/${n}/head`);
+    return sha;
   };
   const releases = join(dir, "releases");
   const release = join(releases, first);
@@ -626,6 +644,11 @@ echo $! > "$pidfile"
   node.deployToml = `
 [deploy]
 remote = "${remote}"
+branch = "main"
+# The supervisor script restarts an app this test (root in CI) started, so
+# restart runs as the agent: the named development opt-out. The attack
+# tests (agent/tests/attacks/deploy.rs) cover a real build_user.
+build_can_read_keys = true
 releases_dir = "${releases}"
 current = "${current}"
 build = "sh build.sh"

@@ -111,7 +111,7 @@ describe("callfence-agent deploy", () => {
     assert.equal(out.live, good);
     assert.equal(out.from, before);
     const names = out.steps.map((s) => s.step);
-    for (const step of ["validate", "allowed_shas", "fetch", "checkout", "build", "journal", "drain", "switch", "restart", "health", "connector", "l5", "mode"]) {
+    for (const step of ["validate", "build_user", "allowed_shas", "fetch", "branch", "checkout", "build", "journal", "drain", "switch", "restart", "health", "connector", "l5", "mode"]) {
       assert.ok(names.includes(step), `${step} in ${names}`);
     }
     assert.ok(out.steps.every((s) => s.ok && Number.isInteger(s.ms)), JSON.stringify(out.steps));
@@ -122,17 +122,21 @@ describe("callfence-agent deploy", () => {
     assert.ok(probes.length >= 1, "the new app answered the L5 probe");
   });
 
-  test("refusals change nothing: short SHA, branch, unknown SHA, outside allowed_shas, dirtying build, missing artifact", async () => {
+  test("refusals change nothing: short SHA, branch, unknown SHA, a pull request's head, outside allowed_shas, dirtying build, missing artifact", async () => {
     const m1 = c.nodes.M1;
     const live = currentSha(m1);
     const dirs = releaseDirs(m1);
     const dirty = m1.commit("dirty-build", { "build.sh": "mkdir -p build && cp app.txt build/app.out && touch stray.txt\n" });
     const noArtifact = m1.commit("no-artifact", { "build.sh": "true\n" });
     const fine = m1.commit("fine", { "app.txt": "release fine\n" });
+    // Served by the remote at refs/pull/7/head only: never on main.
+    const prBuilt = join(m1.dir, "pull-request-built");
+    const pullRequest = m1.pullRequest(7, { "build.sh": `touch '${prBuilt}' && mkdir -p build && cp app.txt build/app.out\n` });
     const cases = [
       [live.slice(0, 7), "validate"],
       ["main", "validate"],
       ["0123456789abcdef0123456789abcdef01234567", "fetch"],
+      [pullRequest, "branch"],
       [dirty, "build"],
       [noArtifact, "build"],
     ];
@@ -154,6 +158,7 @@ describe("callfence-agent deploy", () => {
     delete m1.registryFields.allowed_shas;
     await c.put("nodes", c.registry());
 
+    assert.ok(!existsSync(prBuilt), "the pull request's build never ran");
     assert.deepEqual(releaseDirs(m1), dirs, "no release directory left behind");
     assert.equal(readdirSync(m1.releasesDir).filter((d) => d.startsWith(".incoming")).length, 0);
     await settledOn(c, live);

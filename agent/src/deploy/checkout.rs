@@ -1,25 +1,45 @@
 //! Getting a release onto disk (steps 1–2): fetch exactly one commit from
-//! `deploy.remote` into a fresh repository, check it out detached, check it
-//! is clean, run the build, check it is still clean and that every artifact
-//! exists, and only then move it to `releases_dir/<sha>`. Any refusal
-//! removes what was made, so a refused deploy changes nothing.
+//! `deploy.remote` into a fresh repository, refuse it unless it is
+//! reachable from the remote's protected `deploy.branch`, check it out
+//! detached, check it is clean, run the build (as the build user), check it
+//! is still clean and that every artifact exists, and only then move it to
+//! `releases_dir/<sha>`. Any refusal removes what was made, so a refused
+//! deploy changes nothing.
+//!
+//! # Why the branch check
+//!
+//! A code host serves any commit it holds by its full SHA from the
+//! upstream URL: a pull request's head (`refs/pull/N/head`) and commits of
+//! the whole fork network included. So "the remote has this SHA" says
+//! nothing about who wrote it. The tip of `refs/heads/<branch>` is fetched
+//! explicitly (into the private ref `refs/callfence/protected`) and the commit must
+//! be its ancestor (`git merge-base --is-ancestor`), before anything is
+//! checked out or built.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tokio::process::Command;
-
+use super::build_user::Runner;
 use super::{releases, Failure};
 use crate::config::DeployConfig;
-use crate::git::{git_with, inspect};
+use crate::git::{self, inspect};
+
+/// Where the protected branch's tip is fetched to, in the new repository.
+const PROTECTED_REF: &str = "refs/callfence/protected";
 
 /// Longest part of a build's stderr quoted in a failure.
 const MAX_QUOTE: usize = 200;
 
-/// Runs `sh -c script` in `dir` within `timeout`; Err with the exit status
-/// and the tail of stderr.
-pub async fn shell(script: &str, dir: &Path, timeout: Duration, sha: &str) -> Result<(), String> {
-    let mut cmd = Command::new("sh");
+/// Runs `sh -c script` in `dir` within `timeout`, as `runner`'s user; Err
+/// with the exit status and the tail of stderr.
+pub async fn shell(
+    runner: &Runner,
+    script: &str,
+    dir: &Path,
+    timeout: Duration,
+    sha: &str,
+) -> Result<(), String> {
+    let mut cmd = runner.command("sh");
     cmd.arg("-c")
         .arg(script)
         .current_dir(dir)
@@ -74,10 +94,10 @@ async fn fetch(cfg: &DeployConfig, sha: &str) -> Result<(PathBuf, Scratch), Fail
     let guard = Scratch(Some(incoming.clone()));
     let t = cfg.build_timeout;
     let step = |e: String| Failure::new("fetch", e);
-    git_with(&incoming, &["init", "-q"], t)
+    git::run(&incoming, &["init", "-q"], t)
         .await
         .map_err(step)?;
-    git_with(
+    git::run(
         &incoming,
         &["fetch", "-q", "--no-tags", "--", &cfg.remote, sha],
         t,
@@ -89,7 +109,7 @@ async fn fetch(cfg: &DeployConfig, sha: &str) -> Result<(PathBuf, Scratch), Fail
             format!("commit {sha} not fetched from the remote: {e}"),
         )
     })?;
-    let got = git_with(
+    let got = git::run(
         &incoming,
         &["rev-parse", "--verify", "FETCH_HEAD^{commit}"],
         t,
@@ -105,10 +125,47 @@ async fn fetch(cfg: &DeployConfig, sha: &str) -> Result<(PathBuf, Scratch), Fail
     Ok((incoming, guard))
 }
 
-/// Steps 1–2: fetch, detached checkout, clean, build, clean, artifacts,
-/// then the move into `releases_dir/<sha>`, each recorded as a step.
+/// Refuses `sha` unless the remote's protected branch reaches it.
+async fn on_branch(cfg: &DeployConfig, repo: &Path, sha: &str) -> Result<(), Failure> {
+    let t = cfg.build_timeout;
+    let branch = &cfg.branch;
+    let refspec = format!("+refs/heads/{branch}:{PROTECTED_REF}");
+    git::run(
+        repo,
+        &["fetch", "-q", "--no-tags", "--", &cfg.remote, &refspec],
+        t,
+    )
+    .await
+    .map_err(|e| {
+        Failure::new(
+            "branch",
+            format!("cannot fetch the protected branch {branch} from the remote: {e}"),
+        )
+    })?;
+    let reached = git::ask(
+        repo,
+        &["merge-base", "--is-ancestor", sha, PROTECTED_REF],
+        t,
+    )
+    .await
+    .map_err(|e| Failure::new("branch", e))?;
+    if !reached {
+        return Err(Failure::new(
+            "branch",
+            format!(
+                "{sha} is not on the protected branch {branch} of the remote: only commits reachable from {branch} are deployed (a pull request's head or a fork's commit never is)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Steps 1–2: fetch, the protected branch, detached checkout, clean,
+/// build, clean, artifacts, then the move into `releases_dir/<sha>`, each
+/// recorded as a step.
 pub async fn prepare(
     cfg: &DeployConfig,
+    runner: &Runner,
     sha: &str,
     record: &mut super::steps::Recorder,
 ) -> Result<(), Failure> {
@@ -118,7 +175,14 @@ pub async fn prepare(
     let (work, guard) = fetch(cfg, sha).await?;
     record.done("fetch", started, format!("{sha} from the remote"));
     let started = record.start();
-    git_with(
+    on_branch(cfg, &work, sha).await?;
+    record.done(
+        "branch",
+        started,
+        format!("reachable from {} of the remote", cfg.branch),
+    );
+    let started = record.start();
+    git::run(
         &work,
         &["checkout", "-q", "--detach", sha],
         cfg.build_timeout,
@@ -129,9 +193,15 @@ pub async fn prepare(
     record.done("checkout", started, "detached, clean".to_string());
     let started = record.start();
     if let Some(build) = &cfg.build {
-        shell(build, &work, cfg.build_timeout, sha)
-            .await
-            .map_err(|e| Failure::new("build", format!("build {e}")))?;
+        let lent = runner
+            .lend(&work)
+            .map_err(|e| Failure::new("build", format!("cannot lend the checkout: {e}")))?;
+        let built = shell(runner, build, &work, cfg.build_timeout, sha).await;
+        if let Some(lent) = lent {
+            lent.take_back(&work)
+                .map_err(|e| Failure::new("build", format!("after the build: {e}")))?;
+        }
+        built.map_err(|e| Failure::new("build", format!("build {e}")))?;
     }
     clean(&work, sha, "build").await?;
     let missing: Vec<&str> = cfg

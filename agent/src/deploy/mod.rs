@@ -16,9 +16,12 @@
 //!
 //! # Steps
 //!
-//! 1. `validate` (40 lowercase hex only), `allowed_shas` (a fresh beat tells
-//!    the registry's list; a SHA outside it is refused), `fetch` (that one
-//!    commit from `deploy.remote` into a fresh repository);
+//! 1. `validate` (40 lowercase hex only), `build_user` (who runs `build`
+//!    and `restart`; refused when it can read the agent's keys, before
+//!    anything is fetched), `allowed_shas` (a fresh beat tells the
+//!    registry's list; a SHA outside it is refused), `fetch` (that one
+//!    commit from `deploy.remote` into a fresh repository), `branch` (the
+//!    commit must be reachable from the remote's protected `deploy.branch`);
 //! 2. `checkout` (detached, `releases_dir/<sha>`), clean before and after
 //!    `build`, every artifact present;
 //! 3. `journal`; 4. `drain`; 5. `switch` (new symlink, rename over
@@ -35,12 +38,16 @@
 //! # Layout
 //! - [`journal`]: the durable record of a deploy in progress.
 //! - [`releases`]: the release history, the `current` symlink, pruning.
-//! - [`checkout`]: fetch, detached checkout, build, cleanliness, artifacts.
+//! - [`build_user`]: the account that builds and restarts, and the check
+//!   that it cannot read the agent's keys.
+//! - [`checkout`]: fetch, the protected-branch check, detached checkout,
+//!   build, cleanliness, artifacts.
 //! - [`verify`]: local health, the connector probe, the L5 probe.
 //! - [`steps`]: the deploy, rollback and restore sequences.
 //! - [`job`]: the one job slot of the running agent and its local API,
 //!   and the client the commands use.
 
+pub mod build_user;
 pub mod checkout;
 pub mod job;
 pub mod journal;

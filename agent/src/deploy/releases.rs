@@ -205,6 +205,9 @@ mod tests {
             drain_deadline: Duration::from_secs(1),
             build_timeout: Duration::from_secs(1),
             keep: 1,
+            branch: "main".into(),
+            build_user: None,
+            build_can_read_keys: false,
         }
     }
 

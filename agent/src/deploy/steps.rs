@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use super::build_user::{self, Runner};
 use super::journal::{self, Journal};
 use super::{checkout, is_full_sha, releases, verify, Failure, Outcome, StepRecord};
 use crate::config::DeployConfig;
@@ -130,6 +131,10 @@ pub async fn deploy(
         started,
         format!("{sha} (current {})", from.as_deref().unwrap_or("none")),
     );
+    let runner = match build_account(&agent, &cfg, &mut rec).await {
+        Ok(r) => r,
+        Err(f) => return outcome(&agent, "deploy", from, Some(sha), Some((f, false)), rec),
+    };
     let started = rec.start();
     match allowed(&agent, &sha).await {
         Ok(detail) => rec.done("allowed_shas", started, detail),
@@ -139,7 +144,7 @@ pub async fn deploy(
         }
     }
     let started = rec.start();
-    if let Err(f) = checkout::prepare(&cfg, &sha, &mut rec).await {
+    if let Err(f) = checkout::prepare(&cfg, &runner, &sha, &mut rec).await {
         rec.failed(started, &f);
         return outcome(&agent, "deploy", from, Some(sha), Some((f, false)), rec);
     }
@@ -178,7 +183,45 @@ pub async fn rollback(
     }
     let to = target.unwrap_or_default();
     rec.done("validate", started, format!("back to {to}"));
+    if let Err(f) = build_account(&agent, &cfg, &mut rec).await {
+        return outcome(&agent, "rollback", from, Some(to), Some((f, false)), rec);
+    }
     go_live(agent, cfg, "rollback", from, to, req, rec).await
+}
+
+/// The `build_user` step, before anything is fetched or switched: who
+/// runs `build` and `restart`, refused when that account can read the keys.
+async fn build_account(
+    agent: &Agent,
+    cfg: &DeployConfig,
+    rec: &mut Recorder,
+) -> Result<Runner, Failure> {
+    let started = rec.start();
+    match build_user::resolve(&agent.config, cfg).await {
+        Ok(runner) => {
+            build_user::warn_if_opted_out(cfg);
+            let detail = match (&runner, cfg.build_can_read_keys) {
+                (Runner::Agent, _) => {
+                    "the agent's own user (build_can_read_keys: development only)".to_string()
+                }
+                (Runner::As { account, .. }, true) => format!(
+                    "{} (uid {}); build_can_read_keys: development only",
+                    account.name, account.ids.uid
+                ),
+                (Runner::As { account, .. }, false) => format!(
+                    "{} (uid {}) cannot open the agent's keys",
+                    account.name, account.ids.uid
+                ),
+            };
+            rec.done("build_user", started, detail);
+            Ok(runner)
+        }
+        Err(e) => {
+            let f = Failure::new("build_user", e);
+            rec.failed(started, &f);
+            Err(f)
+        }
+    }
 }
 
 fn journal_busy(agent: &Agent) -> Option<Failure> {
@@ -387,8 +430,14 @@ async fn check(
     };
     let started = rec.start();
     let dir = releases::dir(cfg, sha);
-    if let Err(e) = checkout::shell(&cfg.restart, &dir, cfg.health_timeout, sha).await {
-        let f = Failure::new(name("restart"), format!("the restart command {e}"));
+    let restarted = match build_user::resolve(&agent.config, cfg).await {
+        Ok(runner) => checkout::shell(&runner, &cfg.restart, &dir, cfg.health_timeout, sha)
+            .await
+            .map_err(|e| format!("the restart command {e}")),
+        Err(e) => Err(format!("not restarted: {e}")),
+    };
+    if let Err(reason) = restarted {
+        let f = Failure::new(name("restart"), reason);
         rec.failed(started, &f);
         return Err(f);
     }

@@ -1,10 +1,39 @@
-//! Attacks on the agent's trust boundaries (SPEC §11, issue 18), each
-//! reproduced as it was observed, against the real `callfence-agent`
-//! process. One module per boundary.
+//! Attacks on the node agent's trust boundaries (SPEC §11, §14, issue 18),
+//! each reproduced as it was observed, against the real `callfence-agent`
+//! process. One module per boundary:
+//!
+//! - [`local_api`]: a web page's simple POST, requests without the token, a
+//!   DNS-rebinding read, deploy and rollback over HTTP, the control socket.
+//! - [`options`]: answer and dial options that would route a call's
+//!   webhooks around the edge.
+//! - [`slow_clients`]: slow origin requests that would starve the local API.
+//! - [`deploy`]: a pull request's commit deployed by SHA, and builds that
+//!   run as an account able to read the node's keys (SPEC §14).
+//! - [`git`]: a checkout's own git configuration run as the agent on every
+//!   beat (SPEC §11).
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod deploy;
+mod git;
 mod local_api;
 mod options;
 mod slow_clients;
+
+use std::path::Path;
+use std::process::Command;
+
+/// `git -C dir args...` as a test author would type it (user config for
+/// commits), its trimmed stdout; panics when git fails.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
