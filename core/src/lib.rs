@@ -25,6 +25,8 @@
 //! Documents (validated, versioned by compare-and-set):
 //! - [`problem`]: `{path, problem}` validation findings.
 //! - [`registry`]: the node registry.
+//! - [`origin_host`]: an origin URL's host as the runtime parses it, and
+//!   whether it is inside the edge's network.
 //! - [`policy`]: the routing policy and its resolution rule.
 //! - [`document`]: revision preconditions (`If-Match` or a body `revision`).
 //!
@@ -84,6 +86,7 @@ pub mod heartbeat;
 pub mod media;
 pub mod node_auth;
 pub mod number;
+pub mod origin_host;
 pub mod outcome;
 pub mod policy;
 pub mod probe;
