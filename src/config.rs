@@ -8,7 +8,7 @@
 //! | capability | needs |
 //! |---|---|
 //! | `ingress` | `TELNYX_PUBLIC_KEY`, `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, optional `TELNYX_CONNECTION_IDS`, `FORWARD_TIMEOUT_MS` |
-//! | `node_routes` | `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, `MEDIA_TOKEN_KEYS` |
+//! | `node_routes` | `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, `MEDIA_TOKEN_KEYS`, optional `EDGE_HOSTNAMES` |
 //! | `admin` | `ADMIN_TOKENS`, optional `POLICY_TOKENS`, `ORIGIN_ALLOW_PLAINTEXT` |
 //! | `key_publication` (`GET /v1/keys`) | `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, optional `EDGE_NEXT_PUBLIC_KEYS` |
 //!
@@ -16,6 +16,7 @@
 //! [`Config::get`] parses it on first use and hands out the same copy after.
 
 use crate::auth::Tokens;
+use callfence_core::edge_hosts::EdgeHosts;
 use callfence_core::encoding::{b64_decode, b64_encode};
 use callfence_core::engine::{EngineConfig, Timing};
 use callfence_core::media::MediaKeys;
@@ -126,6 +127,8 @@ pub struct NodeRoutes {
     pub edge: EdgeKey,
     /// The media token keys (the first signs).
     pub media: MediaKeys,
+    /// `EDGE_HOSTNAMES`, when set: the only hosts node signatures may name.
+    pub edge_hosts: Option<EdgeHosts>,
 }
 
 /// Settings of the `admin` capability.
@@ -215,6 +218,9 @@ impl Config {
                 for problem in config.problems() {
                     crate::log::misconfigured(problem);
                 }
+                if config.node_routes.as_ref().is_ok_and(|n| n.edge_hosts.is_none()) {
+                    crate::log::edge_hostnames_unset();
+                }
                 config
             })
             .clone()
@@ -242,6 +248,9 @@ impl Config {
         let allow_plaintext =
             parse_bool(var("ORIGIN_ALLOW_PLAINTEXT").as_deref()).ok_or("ORIGIN_ALLOW_PLAINTEXT");
         let next_keys = parse_next_keys(var("EDGE_NEXT_PUBLIC_KEYS").as_deref());
+        let edge_hosts = var("EDGE_HOSTNAMES")
+            .map(|csv| EdgeHosts::parse(&csv).map_err(|_| "EDGE_HOSTNAMES"))
+            .transpose();
 
         let ingress = match (&telnyx, &edge, &connection_ids, &forward_timeout_ms) {
             (Ok(telnyx), Ok(edge), Ok(connection_ids), Ok(forward_timeout_ms)) => Ok(Ingress {
@@ -260,14 +269,19 @@ impl Config {
                 ]),
             }),
         };
-        let node_routes = match (&edge, &media) {
-            (Ok(edge), Ok(media)) => Ok(NodeRoutes {
+        let node_routes = match (&edge, &media, edge_hosts) {
+            (Ok(edge), Ok(media), Ok(edge_hosts)) => Ok(NodeRoutes {
                 edge: edge.clone(),
                 media: media.clone(),
+                edge_hosts,
             }),
-            _ => Err(Misconfigured {
+            (_, _, edge_hosts) => Err(Misconfigured {
                 capability: Capability::NodeRoutes,
-                variables: faults(&[edge.as_ref().err().copied(), media.as_ref().err().copied()]),
+                variables: faults(&[
+                    edge.as_ref().err().copied(),
+                    media.as_ref().err().copied(),
+                    edge_hosts.err(),
+                ]),
             }),
         };
         let admin = match (tokens, allow_plaintext) {
@@ -609,6 +623,21 @@ mod tests {
             faulty(&config, Capability::NodeRoutes),
             ["MEDIA_TOKEN_KEYS"]
         );
+        assert!(config.ingress.is_ok() && config.admin.is_ok());
+    }
+
+    #[test]
+    fn edge_hostnames_are_optional_and_a_bad_list_disables_node_routes_only() {
+        let config = parse(&complete());
+        assert!(config.node_routes.as_ref().ok().unwrap().edge_hosts.is_none());
+        let mut vars = complete();
+        vars.insert("EDGE_HOSTNAMES", "callfence.example.net, 127.0.0.1".into());
+        let config = parse(&vars);
+        let hosts = config.node_routes.as_ref().ok().unwrap().edge_hosts.as_ref();
+        assert!(hosts.unwrap().allows("127.0.0.1:8787"));
+        vars.insert("EDGE_HOSTNAMES", "callfence.example.net:443".into());
+        let config = parse(&vars);
+        assert_eq!(faulty(&config, Capability::NodeRoutes), ["EDGE_HOSTNAMES"]);
         assert!(config.ingress.is_ok() && config.admin.is_ok());
     }
 

@@ -13,6 +13,7 @@
 //! - [`number`]: phone number normalisation to canonical E.164, masking for logs.
 //! - [`telnyx`]: carrier signature verification and webhook envelope parsing.
 //! - [`node_auth`]: node-signed requests (`Callfence-*` headers).
+//! - [`edge_hosts`]: `EDGE_HOSTNAMES`, the hosts node signatures are pinned to.
 //! - [`assertion`]: the edge's signed `Callfence-Assertion` for forwarded webhooks.
 //! - [`media`]: HMAC media tokens.
 //! - [`fence`]: the deterministic answer `command_id`.
@@ -78,6 +79,7 @@ pub mod admission;
 pub mod assertion;
 pub mod decision;
 pub mod document;
+pub mod edge_hosts;
 pub mod eligibility;
 pub mod encoding;
 pub mod engine;
