@@ -202,6 +202,10 @@ pub struct TestSwitches {
     /// `CALLFENCE_TEST_WRITES_ONLY=1`: the Dispatcher serves the bench-only
     /// `writes_only` message (an assignment's SQL writes alone).
     pub writes_only: bool,
+    /// `CALLFENCE_TEST_SLOW_ANSWER_MS`: the Dispatcher holds its answer to a
+    /// webhook it delivered this long, as a slow commit or a long queue
+    /// would (the Worker's answer deadline is tested against it).
+    pub slow_answer_ms: Option<i64>,
 }
 
 thread_local! {
@@ -218,7 +222,11 @@ impl Config {
                 for problem in config.problems() {
                     crate::log::misconfigured(problem);
                 }
-                if config.node_routes.as_ref().is_ok_and(|n| n.edge_hosts.is_none()) {
+                if config
+                    .node_routes
+                    .as_ref()
+                    .is_ok_and(|n| n.edge_hosts.is_none())
+                {
                     crate::log::edge_hostnames_unset();
                 }
                 config
@@ -329,6 +337,7 @@ impl Config {
             fail_unit_after_writes: var("CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES")
                 .and_then(|v| v.trim().parse::<u32>().ok()),
             writes_only: var("CALLFENCE_TEST_WRITES_ONLY").is_some_and(|v| v.trim() == "1"),
+            slow_answer_ms: positive("CALLFENCE_TEST_SLOW_ANSWER_MS"),
         };
 
         Config {
@@ -629,11 +638,23 @@ mod tests {
     #[test]
     fn edge_hostnames_are_optional_and_a_bad_list_disables_node_routes_only() {
         let config = parse(&complete());
-        assert!(config.node_routes.as_ref().ok().unwrap().edge_hosts.is_none());
+        assert!(config
+            .node_routes
+            .as_ref()
+            .ok()
+            .unwrap()
+            .edge_hosts
+            .is_none());
         let mut vars = complete();
         vars.insert("EDGE_HOSTNAMES", "callfence.example.net, 127.0.0.1".into());
         let config = parse(&vars);
-        let hosts = config.node_routes.as_ref().ok().unwrap().edge_hosts.as_ref();
+        let hosts = config
+            .node_routes
+            .as_ref()
+            .ok()
+            .unwrap()
+            .edge_hosts
+            .as_ref();
         assert!(hosts.unwrap().allows("127.0.0.1:8787"));
         vars.insert("EDGE_HOSTNAMES", "callfence.example.net:443".into());
         let config = parse(&vars);

@@ -47,9 +47,8 @@ pub fn parse(host: &str) -> Option<Host> {
 pub fn internal(host: &Host) -> Option<&'static str> {
     match host {
         Host::Domain(name) => {
-            let under = |suffix: &str| {
-                name == suffix.trim_start_matches('.') || name.ends_with(suffix)
-            };
+            let under =
+                |suffix: &str| name == suffix.trim_start_matches('.') || name.ends_with(suffix);
             if under(".localhost") {
                 Some("a loopback name")
             } else if under(".internal") || under(".local") {
@@ -191,7 +190,14 @@ mod tests {
 
     #[test]
     fn malformed_numeric_hosts_fail_as_the_runtime_fails_them() {
-        for host in ["256.0.0.1", "1.2.3.4.5", "09.1", "1.2.3.09", "4294967296", "1.256.1"] {
+        for host in [
+            "256.0.0.1",
+            "1.2.3.4.5",
+            "09.1",
+            "1.2.3.09",
+            "4294967296",
+            "1.256.1",
+        ] {
             assert_eq!(parse(host), None, "{host}");
         }
     }

@@ -995,7 +995,10 @@ mod tests {
             let problems = validate(&doc, false).unwrap_err();
             assert_eq!(problems.len(), 1, "{url}");
             assert_eq!(problems[0].path, "/nodes/M1/origin_url", "{url}");
-            assert!(problems[0].problem.contains("ORIGIN_ALLOW_PLAINTEXT"), "{url}");
+            assert!(
+                problems[0].problem.contains("ORIGIN_ALLOW_PLAINTEXT"),
+                "{url}"
+            );
             assert!(validate(&doc, true).is_ok(), "{url} with plaintext allowed");
         }
         // Refused before the host is looked at: user info, a trailing dot,
