@@ -1282,15 +1282,16 @@ function writeReadme(conditionLines, figureLines) {
 
 /**
  * The overload phase: OVERLOAD_CALLS new calls, OVERLOAD_CONCURRENCY in
- * flight. Every answer must be a delivery or a shed (503 overloaded with
- * Retry-After: 1), nothing else. Returns the answer times (client side, from
+ * flight. Every answer must be a delivery or a shed with Retry-After: 1
+ * (503 overloaded from the Dispatcher, or 503 dispatcher_unavailable from
+ * the Worker when its answer deadline passed first), nothing else. Returns the answer times (client side, from
  * sending to the last byte) of both, the seconds it took, and the Worker's
  * own time per answer (`ms` of its log lines: from its fetch handler's start
  * to its answer), so that a tail can be told apart from queueing before the
  * Worker ran.
  */
 async function runOverload(edge, keys) {
-  const overload = { taken: [], shed: [], other: [], edge: [] };
+  const overload = { taken: [], shed: [], late: [], other: [], edge: [] };
   const overloadCalls = Array.from({ length: OVERLOAD_CALLS }, (_, i) => newCall(keys, "over", i));
   const ids = new Set(overloadCalls.map((call) => call.id));
   const logged = edge.logs.length;
@@ -1311,8 +1312,12 @@ async function runOverload(edge, keys) {
         } catch {
           // counted as other
         }
+        const retry = res.status === 503 && res.headers.get("retry-after") === "1";
         if (res.status === 200 && body?.delivered_to === NODE) overload.taken.push(elapsed);
-        else if (res.status === 503 && body?.error === "overloaded" && res.headers.get("retry-after") === "1") overload.shed.push(elapsed);
+        else if (retry && body?.error === "overloaded") overload.shed.push(elapsed);
+        // The Worker's answer deadline (FORWARD_TIMEOUT_MS + 300 ms) passed
+        // before the Dispatcher answered: shed too, by the Worker.
+        else if (retry && body?.error === "dispatcher_unavailable") overload.late.push(elapsed);
         else overload.other.push(`${res.status} ${text.slice(0, 120)}`);
       }
     }),
@@ -1334,7 +1339,7 @@ async function runOverload(edge, keys) {
 
 /** The tail of every overload answer, taken or shed: max and p99.9. */
 function overloadTail(overload) {
-  const all = [...overload.taken, ...overload.shed].sort((a, b) => a - b);
+  const all = [...overload.taken, ...overload.shed, ...overload.late].sort((a, b) => a - b);
   const edgeSide = [...overload.edge].sort((a, b) => a - b);
   return {
     max: all.at(-1) ?? NaN,
@@ -1349,7 +1354,7 @@ function overloadLine(overload) {
   const shed = summary(overload.shed);
   const tail = overloadTail(overload);
   return (
-    `overload: ${OVERLOAD_CALLS} new calls, ${OVERLOAD_CONCURRENCY} in flight (${overload.seconds.toFixed(2)} s): ${overload.taken.length} taken (p50 ${ms(taken.p50)}, p99 ${ms(taken.p99)}), ${overload.shed.length} shed with 503 overloaded${overload.shed.length ? ` (p50 ${ms(shed.p50)}, p99 ${ms(shed.p99)})` : ""}; ` +
+    `overload: ${OVERLOAD_CALLS} new calls, ${OVERLOAD_CONCURRENCY} in flight (${overload.seconds.toFixed(2)} s): ${overload.taken.length} taken (p50 ${ms(taken.p50)}, p99 ${ms(taken.p99)}), ${overload.shed.length} shed with 503 overloaded${overload.shed.length ? ` (p50 ${ms(shed.p50)}, p99 ${ms(shed.p99)})` : ""}, ${overload.late.length} answered 503 dispatcher_unavailable at the Worker's deadline; ` +
     `every answer: p99.9 ${ms(tail.p999)}, max ${ms(tail.max)} (bound FORWARD_TIMEOUT_MS + 300 = ${FORWARD_TIMEOUT_MS + 300} ms from the Worker's start; its own log: p99.9 ${ms(tail.edgeP999)}, max ${ms(tail.edgeMax)}, ${overload.edge.length} lines)`
   );
 }
@@ -1362,6 +1367,7 @@ function overloadJson(overload) {
     concurrency: OVERLOAD_CONCURRENCY,
     taken: overload.taken.length,
     shed: overload.shed.length,
+    deadline_shed: overload.late.length,
     taken_p50_ms: taken.p50,
     taken_p99_ms: taken.p99,
     answer_p999_ms: tail.p999,
