@@ -74,7 +74,10 @@
 // BENCH_THROUGHPUT_CALLS (1000), BENCH_CONCURRENCY (8),
 // BENCH_FORWARD_TIMEOUT_MS (1500), BENCH_OVERLOAD_CALLS (600),
 // BENCH_OVERLOAD_CONCURRENCY (32), BENCH_FLOOR_COMMITS (2),
-// BENCH_FLOOR_EXTRA_SQL (0). BENCH_DOCS=1 also writes the figures
+// BENCH_FLOOR_EXTRA_SQL (0). BENCH_ONLY=overload runs the overload phase
+// alone (after BENCH_WARMUP sequential calls), for a machine others share;
+// its figures include every answer's p99.9 and max, client side and from
+// the Worker's log lines. BENCH_DOCS=1 also writes the figures
 // into docs/performance.md between the bench markers; BENCH_JSON=1 prints, as the last
 // line, one JSON object with every figure (p50_ratio, p99_ratio,
 // assignments_per_s, worker_ms_median, cpu_ms_per_webhook, wasm_gzip_bytes,
@@ -1048,37 +1051,7 @@ async function main() {
     );
     const throughputSeconds = (performance.now() - started2) / 1000;
 
-    // Overload: OVERLOAD_CONCURRENCY in flight; every answer must be a
-    // delivery or a shed (503 overloaded), nothing else.
-    const overload = { taken: [], shed: [], other: [] };
-    const overloadCalls = Array.from({ length: OVERLOAD_CALLS }, (_, i) => newCall(keys, "over", i));
-    let nextOver = 0;
-    const started3 = performance.now();
-    await Promise.all(
-      Array.from({ length: OVERLOAD_CONCURRENCY }, async () => {
-        while (nextOver < overloadCalls.length) {
-          const call = overloadCalls[nextOver];
-          nextOver += 1;
-          const t0 = performance.now();
-          const res = await fetch(new URL(WEBHOOK, edge.url), { method: "POST", headers: call.headers, body: call.body, redirect: "manual" });
-          const text = await res.text();
-          const elapsed = performance.now() - t0;
-          let body = null;
-          try {
-            body = JSON.parse(text);
-          } catch {
-            // counted as other
-          }
-          if (res.status === 200 && body?.delivered_to === NODE) overload.taken.push(elapsed);
-          else if (res.status === 503 && body?.error === "overloaded" && res.headers.get("retry-after") === "1") overload.shed.push(elapsed);
-          else overload.other.push(`${res.status} ${text.slice(0, 120)}`);
-        }
-      }),
-    );
-    const overloadSeconds = (performance.now() - started3) / 1000;
-    if (overload.other.length > 0) {
-      throw new Error(`${overload.other.length} overload answers were neither deliveries nor sheds, first: ${overload.other[0]}`);
-    }
+    const overload = await runOverload(edge, keys);
 
     // The same Dispatcher doing only its writes, and doing nothing.
     const alone = await dispatcherOnly(edge, origin);
@@ -1183,7 +1156,7 @@ async function main() {
           const x = profile[op];
           return `  ${op.padEnd(8)} total ${ms(x.total_ms, 3)} = decode ${ms(x.decode_ms, 3)} + engine, forward building and encode ${ms(x.serve_ms, 3)} (of which SQL ${ms(x.sql_ms, 3)} in ${x.statements.toFixed(1)} statements) + awaiting the origin ${ms(x.origin_ms, 3)} + alarm ${ms(x.arm_ms, 3)} (${x.alarm_api_calls.toFixed(2)} alarm API calls)`;
         }),
-      `overload: ${OVERLOAD_CALLS} new calls, ${OVERLOAD_CONCURRENCY} in flight (${overloadSeconds.toFixed(2)} s): ${overload.taken.length} taken (p50 ${ms(summary(overload.taken).p50)}, p99 ${ms(summary(overload.taken).p99)}), ${overload.shed.length} shed with 503 overloaded${overload.shed.length ? ` (p50 ${ms(summary(overload.shed).p50)}, p99 ${ms(summary(overload.shed).p99)})` : ""}`,
+      overloadLine(overload),
       `size: build/index_bg.wasm ${b.wasmRaw} bytes raw (${(b.wasmRaw / 1024).toFixed(0)} KiB), ${b.wasmGzip} bytes gzipped (${(b.wasmGzip / 1024).toFixed(0)} KiB)`,
     ];
     if (crossed) {
@@ -1207,7 +1180,6 @@ async function main() {
 
     if (process.env.BENCH_DOCS === "1") writeFigures(conditionLines, figureLines);
     if (process.env.BENCH_JSON === "1") {
-      const taken = summary(overload.taken);
       console.log(
         JSON.stringify({
           commit: before.commit,
@@ -1252,14 +1224,7 @@ async function main() {
           ping_per_s: alone.ping,
           assignments_to_writes_only_ratio: alone.writes === null ? null : rate / alone.writes,
           dispatcher: profile,
-          overload: {
-            calls: OVERLOAD_CALLS,
-            concurrency: OVERLOAD_CONCURRENCY,
-            taken: overload.taken.length,
-            shed: overload.shed.length,
-            taken_p50_ms: taken.p50,
-            taken_p99_ms: taken.p99,
-          },
+          overload: overloadJson(overload),
           wasm_raw_bytes: b.wasmRaw,
           wasm_gzip_bytes: b.wasmGzip,
         }),
@@ -1313,5 +1278,140 @@ function writeFigures(conditionLines, figureLines) {
   console.log("docs/performance.md: figures written");
 }
 
-profiledRun();
-await main();
+// ------------------------------------------------------------- overload ----
+
+/**
+ * The overload phase: OVERLOAD_CALLS new calls, OVERLOAD_CONCURRENCY in
+ * flight. Every answer must be a delivery or a shed with Retry-After: 1
+ * (503 overloaded from the Dispatcher, or 503 dispatcher_unavailable from
+ * the Worker when its answer deadline passed first), nothing else. Returns the answer times (client side, from
+ * sending to the last byte) of both, the seconds it took, and the Worker's
+ * own time per answer (`ms` of its log lines: from its fetch handler's start
+ * to its answer), so that a tail can be told apart from queueing before the
+ * Worker ran.
+ */
+async function runOverload(edge, keys) {
+  const overload = { taken: [], shed: [], late: [], other: [], edge: [] };
+  const overloadCalls = Array.from({ length: OVERLOAD_CALLS }, (_, i) => newCall(keys, "over", i));
+  const ids = new Set(overloadCalls.map((call) => call.id));
+  const logged = edge.logs.length;
+  let nextOver = 0;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: OVERLOAD_CONCURRENCY }, async () => {
+      while (nextOver < overloadCalls.length) {
+        const call = overloadCalls[nextOver];
+        nextOver += 1;
+        const t0 = performance.now();
+        const res = await fetch(new URL(WEBHOOK, edge.url), { method: "POST", headers: call.headers, body: call.body, redirect: "manual" });
+        const text = await res.text();
+        const elapsed = performance.now() - t0;
+        let body = null;
+        try {
+          body = JSON.parse(text);
+        } catch {
+          // counted as other
+        }
+        const retry = res.status === 503 && res.headers.get("retry-after") === "1";
+        if (res.status === 200 && body?.delivered_to === NODE) overload.taken.push(elapsed);
+        else if (retry && body?.error === "overloaded") overload.shed.push(elapsed);
+        // The Worker's answer deadline (FORWARD_TIMEOUT_MS + 300 ms) passed
+        // before the Dispatcher answered: shed too, by the Worker.
+        else if (retry && body?.error === "dispatcher_unavailable") overload.late.push(elapsed);
+        else overload.other.push(`${res.status} ${text.slice(0, 120)}`);
+      }
+    }),
+  );
+  overload.seconds = (performance.now() - started) / 1000;
+  if (overload.other.length > 0) {
+    throw new Error(`${overload.other.length} overload answers were neither deliveries nor sheds, first: ${overload.other[0]}`);
+  }
+  for (const { message } of edge.logs.slice(logged)) {
+    try {
+      const line = JSON.parse(message);
+      if (line.path === WEBHOOK && ids.has(line.event_id) && typeof line.ms === "number") overload.edge.push(line.ms);
+    } catch {
+      // not a request line
+    }
+  }
+  return overload;
+}
+
+/** The tail of every overload answer, taken or shed: max and p99.9. */
+function overloadTail(overload) {
+  const all = [...overload.taken, ...overload.shed, ...overload.late].sort((a, b) => a - b);
+  const edgeSide = [...overload.edge].sort((a, b) => a - b);
+  return {
+    max: all.at(-1) ?? NaN,
+    p999: quantile(all, 0.999),
+    edgeMax: edgeSide.at(-1) ?? NaN,
+    edgeP999: quantile(edgeSide, 0.999),
+  };
+}
+
+function overloadLine(overload) {
+  const taken = summary(overload.taken);
+  const shed = summary(overload.shed);
+  const tail = overloadTail(overload);
+  return (
+    `overload: ${OVERLOAD_CALLS} new calls, ${OVERLOAD_CONCURRENCY} in flight (${overload.seconds.toFixed(2)} s): ${overload.taken.length} taken (p50 ${ms(taken.p50)}, p99 ${ms(taken.p99)}), ${overload.shed.length} shed with 503 overloaded${overload.shed.length ? ` (p50 ${ms(shed.p50)}, p99 ${ms(shed.p99)})` : ""}, ${overload.late.length} answered 503 dispatcher_unavailable at the Worker's deadline; ` +
+    `every answer: p99.9 ${ms(tail.p999)}, max ${ms(tail.max)} (bound FORWARD_TIMEOUT_MS + 300 = ${FORWARD_TIMEOUT_MS + 300} ms from the Worker's start; its own log: p99.9 ${ms(tail.edgeP999)}, max ${ms(tail.edgeMax)}, ${overload.edge.length} lines)`
+  );
+}
+
+function overloadJson(overload) {
+  const taken = summary(overload.taken);
+  const tail = overloadTail(overload);
+  return {
+    calls: OVERLOAD_CALLS,
+    concurrency: OVERLOAD_CONCURRENCY,
+    taken: overload.taken.length,
+    shed: overload.shed.length,
+    deadline_shed: overload.late.length,
+    taken_p50_ms: taken.p50,
+    taken_p99_ms: taken.p99,
+    answer_p999_ms: tail.p999,
+    answer_max_ms: tail.max,
+    edge_answer_p999_ms: tail.edgeP999,
+    edge_answer_max_ms: tail.edgeMax,
+  };
+}
+
+/**
+ * BENCH_ONLY=overload: the overload phase alone, on its own edge and
+ * origin after WARMUP sequential calls (for a shared machine: a minute, not
+ * the whole bench).
+ */
+async function overloadOnly() {
+  const before = conditions();
+  const origin = await startPlainOrigin();
+  const keys = testKeys();
+  const node = ed25519();
+  const shmDir = STORAGE === "shm" ? mkdtempSync("/dev/shm/callfence-bench-") : undefined;
+  const edge = await startEdge({ keys, bindings: { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS) }, dir: shmDir });
+  let stopBeating = () => {};
+  try {
+    stopBeating = await setUpCallfence(edge, origin, node);
+    for (let i = 0; i < WARMUP; i += 1) await timed(edge.url, newCall(keys, "warm", i), checkCallfence);
+    const overload = await runOverload(edge, keys);
+    const after = os.loadavg().map((x) => x.toFixed(2)).join(" ");
+    console.log("\n== bench: overload only (BENCH_ONLY=overload)");
+    console.log(`machine: ${before.machine}; load average (1/5/15 min) ${before.load} before, ${after} after; commit ${before.commit}; FORWARD_TIMEOUT_MS=${FORWARD_TIMEOUT_MS}; SQLite files ${STORAGE === "shm" ? "on tmpfs" : "on disk"}`);
+    console.log(overloadLine(overload));
+    if (process.env.BENCH_JSON === "1") {
+      console.log(JSON.stringify({ commit: before.commit, storage: STORAGE, load_before: before.load, load_after: after, overload: overloadJson(overload) }));
+    }
+  } finally {
+    stopBeating();
+    await edge.dispose();
+    if (shmDir) rmSync(shmDir, { recursive: true, force: true });
+    await origin.close();
+  }
+}
+
+if (process.env.BENCH_ONLY === "overload") {
+  await overloadOnly();
+} else {
+  profiledRun();
+  await main();
+}

@@ -8,7 +8,7 @@
 //! | capability | needs |
 //! |---|---|
 //! | `ingress` | `TELNYX_PUBLIC_KEY`, `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, optional `TELNYX_CONNECTION_IDS`, `FORWARD_TIMEOUT_MS` |
-//! | `node_routes` | `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, `MEDIA_TOKEN_KEYS` |
+//! | `node_routes` | `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, `MEDIA_TOKEN_KEYS`, optional `EDGE_HOSTNAMES` |
 //! | `admin` | `ADMIN_TOKENS`, optional `POLICY_TOKENS`, `ORIGIN_ALLOW_PLAINTEXT` |
 //! | `key_publication` (`GET /v1/keys`) | `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, optional `EDGE_NEXT_PUBLIC_KEYS` |
 //!
@@ -16,6 +16,7 @@
 //! [`Config::get`] parses it on first use and hands out the same copy after.
 
 use crate::auth::Tokens;
+use callfence_core::edge_hosts::EdgeHosts;
 use callfence_core::encoding::{b64_decode, b64_encode};
 use callfence_core::engine::{EngineConfig, Timing};
 use callfence_core::media::MediaKeys;
@@ -126,6 +127,8 @@ pub struct NodeRoutes {
     pub edge: EdgeKey,
     /// The media token keys (the first signs).
     pub media: MediaKeys,
+    /// `EDGE_HOSTNAMES`, when set: the only hosts node signatures may name.
+    pub edge_hosts: Option<EdgeHosts>,
 }
 
 /// Settings of the `admin` capability.
@@ -199,6 +202,10 @@ pub struct TestSwitches {
     /// `CALLFENCE_TEST_WRITES_ONLY=1`: the Dispatcher serves the bench-only
     /// `writes_only` message (an assignment's SQL writes alone).
     pub writes_only: bool,
+    /// `CALLFENCE_TEST_SLOW_ANSWER_MS`: the Dispatcher holds its answer to a
+    /// webhook it delivered this long, as a slow commit or a long queue
+    /// would (the Worker's answer deadline is tested against it).
+    pub slow_answer_ms: Option<i64>,
 }
 
 thread_local! {
@@ -214,6 +221,13 @@ impl Config {
                 let config = Rc::new(Config::parse(|name| read_var(env, name)));
                 for problem in config.problems() {
                     crate::log::misconfigured(problem);
+                }
+                if config
+                    .node_routes
+                    .as_ref()
+                    .is_ok_and(|n| n.edge_hosts.is_none())
+                {
+                    crate::log::edge_hostnames_unset();
                 }
                 config
             })
@@ -242,6 +256,9 @@ impl Config {
         let allow_plaintext =
             parse_bool(var("ORIGIN_ALLOW_PLAINTEXT").as_deref()).ok_or("ORIGIN_ALLOW_PLAINTEXT");
         let next_keys = parse_next_keys(var("EDGE_NEXT_PUBLIC_KEYS").as_deref());
+        let edge_hosts = var("EDGE_HOSTNAMES")
+            .map(|csv| EdgeHosts::parse(&csv).map_err(|_| "EDGE_HOSTNAMES"))
+            .transpose();
 
         let ingress = match (&telnyx, &edge, &connection_ids, &forward_timeout_ms) {
             (Ok(telnyx), Ok(edge), Ok(connection_ids), Ok(forward_timeout_ms)) => Ok(Ingress {
@@ -260,14 +277,19 @@ impl Config {
                 ]),
             }),
         };
-        let node_routes = match (&edge, &media) {
-            (Ok(edge), Ok(media)) => Ok(NodeRoutes {
+        let node_routes = match (&edge, &media, edge_hosts) {
+            (Ok(edge), Ok(media), Ok(edge_hosts)) => Ok(NodeRoutes {
                 edge: edge.clone(),
                 media: media.clone(),
+                edge_hosts,
             }),
-            _ => Err(Misconfigured {
+            (_, _, edge_hosts) => Err(Misconfigured {
                 capability: Capability::NodeRoutes,
-                variables: faults(&[edge.as_ref().err().copied(), media.as_ref().err().copied()]),
+                variables: faults(&[
+                    edge.as_ref().err().copied(),
+                    media.as_ref().err().copied(),
+                    edge_hosts.err(),
+                ]),
             }),
         };
         let admin = match (tokens, allow_plaintext) {
@@ -315,6 +337,7 @@ impl Config {
             fail_unit_after_writes: var("CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES")
                 .and_then(|v| v.trim().parse::<u32>().ok()),
             writes_only: var("CALLFENCE_TEST_WRITES_ONLY").is_some_and(|v| v.trim() == "1"),
+            slow_answer_ms: positive("CALLFENCE_TEST_SLOW_ANSWER_MS"),
         };
 
         Config {
@@ -609,6 +632,33 @@ mod tests {
             faulty(&config, Capability::NodeRoutes),
             ["MEDIA_TOKEN_KEYS"]
         );
+        assert!(config.ingress.is_ok() && config.admin.is_ok());
+    }
+
+    #[test]
+    fn edge_hostnames_are_optional_and_a_bad_list_disables_node_routes_only() {
+        let config = parse(&complete());
+        assert!(config
+            .node_routes
+            .as_ref()
+            .ok()
+            .unwrap()
+            .edge_hosts
+            .is_none());
+        let mut vars = complete();
+        vars.insert("EDGE_HOSTNAMES", "callfence.example.net, 127.0.0.1".into());
+        let config = parse(&vars);
+        let hosts = config
+            .node_routes
+            .as_ref()
+            .ok()
+            .unwrap()
+            .edge_hosts
+            .as_ref();
+        assert!(hosts.unwrap().allows("127.0.0.1:8787"));
+        vars.insert("EDGE_HOSTNAMES", "callfence.example.net:443".into());
+        let config = parse(&vars);
+        assert_eq!(faulty(&config, Capability::NodeRoutes), ["EDGE_HOSTNAMES"]);
         assert!(config.ingress.is_ok() && config.admin.is_ok());
     }
 

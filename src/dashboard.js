@@ -355,6 +355,12 @@ function renderNodes(s) {
           n.capacity.open_calls > 0 ? el("div", { class: "bad" }, `still owns ${n.capacity.open_calls} open call${n.capacity.open_calls === 1 ? "" : "s"}`) : null)
         : when(n.last_seen_at);
     const reported = n.stale ? el("div", { class: "small" }, "as last reported") : null;
+    // Beats refused for going backwards: another process signs with this
+    // node's key, or its seq file was restored (docs/operations.md).
+    const regressed = n.seq_regressions > 0
+      ? el("div", { class: "bad small seq-regressions", title: "another signer may hold this node's key: rotate it" },
+        `${n.seq_regressions} seq regression${n.seq_regressions === 1 ? "" : "s"}, last `, when(n.seq_regressed_at))
+      : null;
     const drained = (n.reasons || []).includes("admin_drained");
     const sw = el("button", {
       type: "button", role: "switch", class: "switch", "aria-checked": String(drained), "data-node": n.node,
@@ -369,7 +375,7 @@ function renderNodes(s) {
       el("td", { "data-label": "Role · mode" }, `${n.role ?? "—"} · ${n.mode ?? "—"}`, reported),
       el("td", { "data-label": "SHA" }, shaEl(n.sha, n.clean)),
       el("td", { "data-label": "App · tunnel" }, never ? "—" : `app ${n.app_ready ? "ready" : "down"} · tunnel ${n.tunnel_up ? "up" : "down"}`),
-      el("td", { "data-label": "Heartbeat" }, heartbeat),
+      el("td", { "data-label": "Heartbeat" }, heartbeat, regressed),
       el("td", { "data-label": "Capacity" }, `${n.capacity.open_calls} open · ${n.capacity.active_calls ?? "—"} active · max ${n.capacity.max_calls ?? "—"}`),
       el("td", { "data-label": "Eligibility" }, n.eligible ? chip("eligible", "ok") : el("div", {}, chip("not eligible", "bad"), n.reasons.map(reasonEl))),
       el("td", { "data-label": "Operator drain" }, sw, session.kind === "admin" ? null : el("div", { class: "muted small" }, "admin token needed")));

@@ -4,9 +4,19 @@
 //!
 //! The Dispatcher call runs under `ctx.waitUntil`, so a carrier that hangs
 //! up mid-way cannot cancel the forward or its report; the request awaits
-//! its result through a channel, for at most the forward budget plus
-//! [`ANSWER_MARGIN_MS`] from the webhook's arrival (a Dispatcher that never
-//! answers gets the carrier a 503 `dispatcher_unavailable` inside its 2 s).
+//! its result through a channel.
+//!
+//! # The answer deadline
+//!
+//! Every webhook is answered within the forward budget plus
+//! [`ANSWER_MARGIN_MS`] of its arrival, inside the carrier's 2 s, whatever
+//! the Dispatcher, the origin or a version 1 Dispatcher's report hops do:
+//! past it the carrier gets 503 `dispatcher_unavailable` with `Retry-After:
+//! 1` and retries. Nothing is lost or sent twice by answering early: the
+//! work goes on under `waitUntil`, a forward already made is reported under
+//! its epoch and lease, and the retry meets the event deduplicated
+//! (`in_progress`, or the stored delivery); a webhook the Dispatcher had not
+//! taken yet is shed by its admission or taken then, once (SPEC §7.3).
 //!
 //! A Dispatcher one protocol version behind answers with a forward for the
 //! Worker to make, as before: the Worker then forwards and reports itself.
@@ -30,8 +40,10 @@ use callfence_core::engine::{Delivered, Forward, Report, MAX_HOPS};
 use callfence_core::outcome::EarlyAnswer;
 use callfence_core::telnyx::Envelope;
 use futures_channel::oneshot;
+use futures_util::future::{select, Either};
 use serde_json::json;
-use worker::{Context, Env, Request};
+use std::time::Duration;
+use worker::{Context, Delay, Env, Request};
 
 /// How long past the forward budget the Worker waits for the Dispatcher's
 /// answer to a webhook (the report and the answer's way back).
@@ -71,8 +83,28 @@ enum Hop {
     Replied(Result<Reply<Next>, Unavailable>),
 }
 
-/// Handles a verified webhook.
+/// Handles a verified webhook, answering by its deadline (see the module's
+/// "The answer deadline").
 pub async fn handle(
+    env: &Env,
+    ctx: &Context,
+    config: &IngressConfig,
+    webhook: Webhook,
+    log: &mut RequestLog,
+) -> Result<Answer, ApiError> {
+    let answer_by =
+        webhook.received_at_ms + i64::from(config.forward_timeout_ms) + ANSWER_MARGIN_MS;
+    let left_ms = (answer_by - now_ms()).max(1) as u64;
+    let deadline = Delay::from(Duration::from_millis(left_ms));
+    match select(Box::pin(decide(env, ctx, config, webhook, log)), deadline).await {
+        Either::Left((answer, _)) => answer,
+        Either::Right(_) => Err(ApiError::dispatcher_unavailable()),
+    }
+}
+
+/// The Dispatcher's decision on a webhook, and for a version 1 Dispatcher
+/// the forwards and reports it asks of the Worker.
+async fn decide(
     env: &Env,
     ctx: &Context,
     config: &IngressConfig,

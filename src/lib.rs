@@ -145,7 +145,13 @@ pub async fn serve(
         Guard::Node => {
             let body = read_body(&mut req, route.body_limit()).await?;
             let headers = node_keys::SignedHeaders::of(&req);
-            let node = node_keys::verify(env, &headers.signed(&method, &path, &body)).await?;
+            let edge_hosts = config
+                .node_routes
+                .as_ref()
+                .ok()
+                .and_then(|n| n.edge_hosts.as_ref());
+            let signed = headers.signed(&method, &path, &body);
+            let node = node_keys::verify(env, &signed, edge_hosts).await?;
             log.node(&node);
             let header = |name: &str| req.headers().get(name).ok().flatten();
             let kid = header(callfence_core::node_auth::HEADER_KEY_ID).unwrap_or_default();

@@ -107,6 +107,15 @@ pub fn misconfigured(problem: &Misconfigured) {
     worker::console_error!("{}", misconfigured_line(problem));
 }
 
+/// Warns, once per isolate, that node signatures are not pinned to this
+/// edge's host names (`EDGE_HOSTNAMES` unset, SPEC §6).
+pub fn edge_hostnames_unset() {
+    worker::console_warn!(
+        "{}",
+        json!({"config": "warning", "variable": "EDGE_HOSTNAMES", "problem": "unset: node signatures for any host are accepted"})
+    );
+}
+
 fn misconfigured_line(problem: &Misconfigured) -> String {
     json!({
         "config": "misconfigured",

@@ -11,7 +11,8 @@
 //! with malformed headers or a stale timestamp is refused without any
 //! Dispatcher call, whatever the state of the copy. So a flood of forged
 //! requests costs the Dispatcher at most one call per isolate per
-//! [`MIN_REFRESH_MS`].
+//! [`MIN_REFRESH_MS`]. A `Host` outside `EDGE_HOSTNAMES` is refused before
+//! anything else.
 //!
 //! The copy may lag a registry change by up to [`MAX_AGE_MS`]: the
 //! Dispatcher must re-check the key against its current registry before it
@@ -20,6 +21,7 @@
 use crate::clock::now_ms;
 use crate::protocol::{self, Reply};
 use crate::reply::ApiError;
+use callfence_core::edge_hosts::EdgeHosts;
 use callfence_core::encoding::b64_decode;
 use callfence_core::node_auth::{self, NodeAuthError, NodeHeaders};
 use ed25519_dalek::VerifyingKey;
@@ -136,8 +138,17 @@ impl SignedHeaders {
 /// Checks a node-signed request and returns the node it comes from. Refusals
 /// are 401 with `bad_node_signature`, `unknown_node_key` or
 /// `stale_timestamp`; a Dispatcher that cannot be asked for keys gives 503
-/// `dispatcher_unavailable`.
-pub async fn verify(env: &Env, request: &Signed<'_>) -> Result<String, ApiError> {
+/// `dispatcher_unavailable`. With `edge_hosts` (`EDGE_HOSTNAMES`), a
+/// request whose `Host` is not one of them is refused first
+/// (`bad_node_signature`): its signature names another edge.
+pub async fn verify(
+    env: &Env,
+    request: &Signed<'_>,
+    edge_hosts: Option<&EdgeHosts>,
+) -> Result<String, ApiError> {
+    if edge_hosts.is_some_and(|hosts| !hosts.allows(request.host)) {
+        return Err(ApiError::new(401, NodeAuthError::BadNodeSignature.code()));
+    }
     let now = now_ms();
     let check = |keys: &NodeKeys| {
         node_auth::verify(

@@ -13,6 +13,7 @@
 //! - [`number`]: phone number normalisation to canonical E.164, masking for logs.
 //! - [`telnyx`]: carrier signature verification and webhook envelope parsing.
 //! - [`node_auth`]: node-signed requests (`Callfence-*` headers).
+//! - [`edge_hosts`]: `EDGE_HOSTNAMES`, the hosts node signatures are pinned to.
 //! - [`assertion`]: the edge's signed `Callfence-Assertion` for forwarded webhooks.
 //! - [`media`]: HMAC media tokens.
 //! - [`fence`]: the deterministic answer `command_id`.
@@ -25,6 +26,8 @@
 //! Documents (validated, versioned by compare-and-set):
 //! - [`problem`]: `{path, problem}` validation findings.
 //! - [`registry`]: the node registry.
+//! - [`origin_host`]: an origin URL's host as the runtime parses it, and
+//!   whether it is inside the edge's network.
 //! - [`policy`]: the routing policy and its resolution rule.
 //! - [`document`]: revision preconditions (`If-Match` or a body `revision`).
 //!
@@ -76,6 +79,7 @@ pub mod admission;
 pub mod assertion;
 pub mod decision;
 pub mod document;
+pub mod edge_hosts;
 pub mod eligibility;
 pub mod encoding;
 pub mod engine;
@@ -84,6 +88,7 @@ pub mod heartbeat;
 pub mod media;
 pub mod node_auth;
 pub mod number;
+pub mod origin_host;
 pub mod outcome;
 pub mod policy;
 pub mod probe;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::encoding::b64_decode;
+use crate::origin_host;
 use crate::problem::{pointer_segment, Problem, Problems};
 
 /// The value of the registry's `schema` field.
@@ -525,7 +526,9 @@ fn is_sha(text: &str) -> bool {
 }
 
 /// An origin URL: `https://host[:port][/path][?query]` (or `http://` when
-/// plaintext is allowed), printable ASCII, no user info, no fragment.
+/// plaintext is allowed), printable ASCII, no user info, no fragment. Unless
+/// plaintext is allowed, its host, as the runtime's URL parser reads it,
+/// must not be inside the edge's network ([`crate::origin_host`]).
 fn check_origin_url(url: &str, allow_plaintext: bool) -> Result<(), String> {
     if url.len() > MAX_ORIGIN_URL {
         return Err(format!("is longer than {MAX_ORIGIN_URL} bytes"));
@@ -559,6 +562,17 @@ fn check_origin_url(url: &str, allow_plaintext: bool) -> Result<(), String> {
             "must name a host (letters, digits, dots and hyphens, or a [bracketed] IPv6 address)"
                 .into(),
         );
+    }
+    // Only on a PUT's check: a stored registry is re-read with plaintext
+    // allowed, so one written before this rule still loads.
+    if !allow_plaintext {
+        let parsed = origin_host::parse(host)
+            .ok_or("has a host that is not a valid address or name (as a URL parser reads it)")?;
+        if let Some(what) = origin_host::internal(&parsed) {
+            return Err(format!(
+                "names {what}, inside the edge's own network (accepted only when ORIGIN_ALLOW_PLAINTEXT is true)"
+            ));
+        }
     }
     if let Some(port) = port {
         let valid = matches_class(port, 1, 5, |b| b.is_ascii_digit())
@@ -896,8 +910,8 @@ mod tests {
         let ok = [
             "https://m1.example.com/callfence/telnyx",
             "https://m1.example.com",
-            "https://10.0.0.1:8443/x?y=z",
-            "https://[::1]:8443/callfence/telnyx",
+            "https://203.0.113.7:8443/x?y=z",
+            "https://[2001:db8::1]:8443/callfence/telnyx",
         ];
         for url in ok {
             assert!(
@@ -947,6 +961,57 @@ mod tests {
             paths(&without("/nodes/M1", "origin_url"), false),
             ["/nodes/M1/origin_url"]
         );
+    }
+
+    #[test]
+    fn internal_origins_are_refused_in_every_spelling_unless_plaintext_is_allowed() {
+        let internal = [
+            "https://localhost/x",
+            "https://LOCALHOST:8443/x",
+            "https://api.localhost/x",
+            "https://metadata.google.internal/computeMetadata/v1/",
+            "https://printer.local/x",
+            "https://169.254.169.254/latest/meta-data/",
+            "https://127.0.0.1/x",
+            "https://2130706433/x",
+            "https://0x7f.1/x",
+            "https://127.1/x",
+            "https://0177.0.0.1/x",
+            "https://0.0.0.0/x",
+            "https://10.0.0.1:8443/x?y=z",
+            "https://172.16.0.1/x",
+            "https://192.168.0.1/x",
+            "https://100.64.0.1/x",
+            "https://[::1]:8443/x",
+            "https://[::]/x",
+            "https://[fe80::1]/x",
+            "https://[fd00::1]/x",
+            "https://[::ffff:127.0.0.1]/x",
+            "https://[::ffff:7f00:1]/x",
+            "https://[::FFFF:A9FE:A9FE]/x",
+        ];
+        for url in internal {
+            let doc = with("/nodes/M1/origin_url", json!(url));
+            let problems = validate(&doc, false).unwrap_err();
+            assert_eq!(problems.len(), 1, "{url}");
+            assert_eq!(problems[0].path, "/nodes/M1/origin_url", "{url}");
+            assert!(
+                problems[0].problem.contains("ORIGIN_ALLOW_PLAINTEXT"),
+                "{url}"
+            );
+            assert!(validate(&doc, true).is_ok(), "{url} with plaintext allowed");
+        }
+        // Refused before the host is looked at: user info, a trailing dot,
+        // and numbers no URL parser reads as an address.
+        for url in [
+            "https://a@10.0.0.1/",
+            "https://localhost./x",
+            "https://256.0.0.1/x",
+            "https://09.1/x",
+        ] {
+            let doc = with("/nodes/M1/origin_url", json!(url));
+            assert_eq!(paths(&doc, false), ["/nodes/M1/origin_url"], "{url}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use callfence_core::media::MediaKeys;
 use callfence_core::store::sqlite::SqliteStore;
 use callfence_core::store::{migrate, migrate_with, Store, Value, MIGRATIONS};
 use callfence_core::telnyx::parse_envelope;
+use callfence_core::time::format_ms;
 use ed25519_dalek::SigningKey;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -423,6 +424,48 @@ fn heartbeats_refuse_old_seq_and_replay_identical_bytes() {
         w.beat("M1", |h| h.valid_for_s = 99),
         Err(HeartbeatRefusal::Invalid(_))
     ));
+}
+
+#[test]
+fn a_stale_seq_that_is_not_a_resend_counts_a_regression_in_status() {
+    let mut w = World::new();
+    let status = |w: &World| {
+        let status = w.engine.status(w.now).unwrap();
+        let m1 = status["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == "M1")
+            .cloned()
+            .unwrap();
+        (
+            m1["seq_regressions"].clone(),
+            m1["seq_regressed_at"].clone(),
+            m1["last_seen_at"].clone(),
+        )
+    };
+    w.beat("M1", |h| h.seq = 10).unwrap();
+    let seen = status(&w).2;
+    assert_eq!(status(&w), (json!(0), json!(null), seen.clone()));
+    // The byte-identical re-send is no regression.
+    w.beat("M1", |h| h.seq = 10).unwrap();
+    assert_eq!(status(&w), (json!(0), json!(null), seen.clone()));
+    // A second signer whose seqs run behind: refused, counted, not stored.
+    w.now += 1_000;
+    let at = w.now;
+    for seq in [5, 10] {
+        assert_eq!(
+            w.beat("M1", |h| {
+                h.seq = seq;
+                h.agent_version = "other".into()
+            }),
+            Err(HeartbeatRefusal::StaleSeq)
+        );
+    }
+    // Counted at the node; the refused beats left the stored one alone.
+    assert_eq!(status(&w), (json!(2), json!(format_ms(at)), seen));
+    w.beat("M1", |h| h.seq = 11).unwrap();
+    assert_eq!(status(&w).0, json!(2));
 }
 
 #[test]

@@ -90,7 +90,7 @@ impl DurableObject for Dispatcher {
                     .ingress
                     .as_ref()
                     .map_err(|_| worker::Error::RustError("ingress is misconfigured".into()))?;
-                deliver::deliver(
+                let delivered = deliver::deliver(
                     &self.engine,
                     &ingress.edge,
                     i64::from(ingress.forward_timeout_ms),
@@ -98,7 +98,11 @@ impl DurableObject for Dispatcher {
                     received_at_ms,
                 )
                 .await
-                .map_err(rust_error)?
+                .map_err(rust_error)?;
+                if let Some(ms) = config.test.slow_answer_ms {
+                    worker::Delay::from(std::time::Duration::from_millis(ms as u64)).await;
+                }
+                delivered
             }
             Served::WritesOnlyDeliver { id, node } => {
                 // Yield to the event loop, as a forward does, so the first

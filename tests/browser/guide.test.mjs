@@ -202,6 +202,20 @@ describe("the panel: token, routing guide and nodes", () => {
     assert.deepEqual(errors, []);
   });
 
+  test("a node whose beats went backwards says so on its row", async (t) => {
+    const { c, page, errors } = await setup(t);
+    // A second signer with M3's key, its seq an hour behind: refused, counted.
+    const behind = { ...heartbeatBody(c.edge, c.nodes.M3), seq: Date.now() - HOUR };
+    const refused = await nodePost(c.edge, c.nodes.M3, "/v1/nodes/heartbeat", behind);
+    assert.deepEqual([refused.status, refused.body.error], [409, "stale_seq"]);
+    await enterToken(page, c.keys.adminToken);
+    await showTab(page, "nodes");
+    const shown = await waitText(page, '#nodes tr[data-node="M3"] .seq-regressions', /^1 seq regression, last .*ago$/);
+    assert.ok(shown);
+    assert.equal(await page.$('#nodes tr[data-node="M1"] .seq-regressions'), null);
+    assert.deepEqual(errors, []);
+  });
+
   test("the admin_drained switch asks first, writes by compare-and-set, and refuses a stale registry", async (t) => {
     const { c, page, errors } = await setup(t);
     await call(c, SUPPORT); // M2 owns one open call

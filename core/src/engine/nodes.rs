@@ -131,7 +131,10 @@ impl<S: Store> Engine<S> {
 
     /// `POST /v1/nodes/heartbeat`, after the Worker verified the node
     /// signature. `signed_at_s` is the `Callfence-Timestamp`. One unit: the
-    /// replay and seq checks and the write cannot be split.
+    /// replay and seq checks and the write cannot be split. A beat refused
+    /// `stale_seq` stores nothing of itself, but counts a seq regression
+    /// against the node (shown in status): beats that go backwards mean
+    /// another signer holds its key, or its seq file was restored.
     pub fn handle_heartbeat(
         &self,
         caller: Caller<'_>,
@@ -140,7 +143,7 @@ impl<S: Store> Engine<S> {
         now_ms: i64,
     ) -> Result<Json, HeartbeatRefusal> {
         let node = caller.node;
-        let (answer, stored) = self.unit(|| {
+        let result = self.unit(|| {
             if !self.key_in_force(caller)? {
                 return Err(HeartbeatRefusal::UnknownNode);
             }
@@ -196,7 +199,11 @@ impl<S: Store> Engine<S> {
                 &answer.to_string(),
             )?;
             Ok((answer, Some(stored)))
-        })?;
+        });
+        if let Err(HeartbeatRefusal::StaleSeq) = &result {
+            self.unit(|| self.q().mark_seq_regression(node, now_ms))?;
+        }
+        let (answer, stored) = result?;
         if let Some(beat) = stored {
             // Committed: the parsed beat replaces the cached one.
             self.cache

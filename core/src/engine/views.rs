@@ -225,6 +225,7 @@ impl<S: Store> Engine<S> {
                 let reasons = self.general_reasons(&node, &state, now_ms)?;
                 let hb = state.beat.as_ref().map(|b| &b.heartbeat);
                 let stale = reasons.contains(&Reason::HeartbeatStale);
+                let regressions = q.seq_regressions(&node)?;
                 nodes.push(json!({
                     "node": node,
                     "role": entry.map(|e| e.role),
@@ -244,6 +245,8 @@ impl<S: Store> Engine<S> {
                     "routing_hash": hb.map(|h| h.routing_hash.clone()),
                     "eligible": reasons.is_empty(),
                     "reasons": reasons,
+                    "seq_regressions": regressions.map_or(0, |(n, _)| n),
+                    "seq_regressed_at": regressions.map(|(_, at)| format_ms(at)),
                 }));
             }
         }

@@ -102,11 +102,33 @@ impl<S: Store> Queries<'_, S> {
         Ok(())
     }
 
-    /// Nodes with stored beats or forward health.
+    /// Counts a heartbeat refused `stale_seq` that was not a re-send.
+    pub(crate) fn mark_seq_regression(&self, node: &str, now_ms: i64) -> Result<(), EngineError> {
+        self.run(
+            "INSERT INTO node_seq_regressions (node, regressions, last_at) VALUES (?, 1, ?) \
+             ON CONFLICT (node) DO UPDATE SET regressions = regressions + 1, last_at = excluded.last_at",
+            &[node.into(), Value::Int(now_ms)],
+        )?;
+        Ok(())
+    }
+
+    /// A node's seq regressions: (count, time of the last), if any.
+    pub(crate) fn seq_regressions(&self, node: &str) -> Result<Option<(i64, i64)>, EngineError> {
+        Ok(self
+            .run(
+                "SELECT regressions, last_at FROM node_seq_regressions WHERE node = ?",
+                &[node.into()],
+            )?
+            .first()
+            .and_then(|r| Some((int(r, 0)?, int(r, 1)?))))
+    }
+
+    /// Nodes with stored beats, forward health or seq regressions.
     pub(crate) fn known_nodes(&self) -> Result<Vec<String>, EngineError> {
         Ok(self
             .run(
-                "SELECT node FROM heartbeats UNION SELECT node FROM node_health",
+                "SELECT node FROM heartbeats UNION SELECT node FROM node_health \
+                 UNION SELECT node FROM node_seq_regressions",
                 &[],
             )?
             .iter()
@@ -114,11 +136,13 @@ impl<S: Store> Queries<'_, S> {
             .collect())
     }
 
-    /// Forgets the beats and forward health of a node no longer registered.
+    /// Forgets the beats, forward health and seq regressions of a node no
+    /// longer registered.
     pub(crate) fn forget_node(&self, node: &str) -> Result<(), EngineError> {
         for sql in [
             "DELETE FROM heartbeats WHERE node = ?",
             "DELETE FROM node_health WHERE node = ?",
+            "DELETE FROM node_seq_regressions WHERE node = ?",
         ] {
             self.run(sql, &[node.into()])?;
         }
