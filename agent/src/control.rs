@@ -47,6 +47,18 @@ pub fn socket_path(state_dir: &Path) -> PathBuf {
     state_dir.join(SOCKET_FILE)
 }
 
+/// A socket address no longer than `sun_path` allows (108 bytes) for the
+/// file `name` in `dir`, however long `dir`'s path is: the name reached
+/// through `/proc/self/fd/<fd of dir>`, with `dir` held open by the returned
+/// handle for as long as the address is used. A state directory deep in a
+/// checkout or a home directory would otherwise fail to bind.
+fn short_address(dir: &Path, name: &str) -> std::io::Result<(std::fs::File, PathBuf)> {
+    use std::os::fd::AsRawFd;
+    let handle = std::fs::File::open(dir)?;
+    let address = PathBuf::from(format!("/proc/self/fd/{}/{name}", handle.as_raw_fd()));
+    Ok((handle, address))
+}
+
 /// True when a peer running as `peer_uid` may use the socket of an agent
 /// running as `own_uid`: the same user, or root.
 pub fn peer_allowed(peer_uid: u32, own_uid: u32) -> bool {
@@ -71,9 +83,11 @@ pub fn bind(state_dir: &Path) -> Result<UnixListener, AgentError> {
     let path = socket_path(state_dir);
     let fail =
         |e: std::io::Error| AgentError::new(format!("control socket {}: {e}", path.display()));
-    let staging = state_dir.join(format!(".{SOCKET_FILE}.{}", std::process::id()));
+    let staging_name = format!(".{SOCKET_FILE}.{}", std::process::id());
+    let staging = state_dir.join(&staging_name);
     let _ = std::fs::remove_file(&staging);
-    let listener = UnixListener::bind(&staging).map_err(fail)?;
+    let (_dir, address) = short_address(state_dir, &staging_name).map_err(fail)?;
+    let listener = UnixListener::bind(&address).map_err(fail)?;
     std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
     std::fs::rename(&staging, &path).map_err(fail)?;
     Ok(listener)
@@ -153,12 +167,14 @@ fn dispatch(agent: &Arc<Agent>, line: &str) -> (u16, Value) {
 /// Sends `request` to the running agent of `state_dir`; its status and body.
 pub async fn ask(state_dir: &Path, request: &Value) -> Result<(u16, Value), AgentError> {
     let path = socket_path(state_dir);
-    let mut stream = UnixStream::connect(&path).await.map_err(|e| {
+    let not_running = |e: std::io::Error| {
         AgentError::new(format!(
             "the agent is not running here (control socket {}: {e})",
             path.display()
         ))
-    })?;
+    };
+    let (_dir, address) = short_address(state_dir, SOCKET_FILE).map_err(not_running)?;
+    let mut stream = UnixStream::connect(&address).await.map_err(not_running)?;
     let mut text = request.to_string();
     text.push('\n');
     let lost = |e: std::io::Error| AgentError::new(format!("control socket: {e}"));
@@ -210,5 +226,28 @@ mod tests {
             std::fs::metadata(&dir).unwrap().uid(),
             "the owner of what it creates"
         );
+    }
+
+    #[tokio::test]
+    async fn a_state_directory_longer_than_a_socket_address_still_binds_and_connects() {
+        let dir = crate::files::test_dir("long")
+            .join("a".repeat(60))
+            .join("b".repeat(60));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(
+            socket_path(&dir).as_os_str().len() > 108,
+            "longer than sun_path"
+        );
+        let listener = bind(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(socket_path(&dir))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let (_dir, address) = short_address(&dir, SOCKET_FILE).unwrap();
+        let (client, accepted) = tokio::join!(UnixStream::connect(&address), listener.accept());
+        client.unwrap();
+        accepted.unwrap();
     }
 }
