@@ -66,6 +66,10 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_events_by_seq",
         sql: include_str!("../../../migrations/0003_events_by_seq.sql"),
     },
+    Migration {
+        name: "0004_session_cap",
+        sql: include_str!("../../../migrations/0004_session_cap.sql"),
+    },
 ];
 
 /// Applies the migrations not yet recorded in `schema_migrations`, in order.

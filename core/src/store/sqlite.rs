@@ -105,7 +105,12 @@ mod tests {
         let store = SqliteStore::in_memory().unwrap();
         assert_eq!(
             migrate(&store, 1).unwrap(),
-            vec!["0001_init", "0002_node_load", "0003_events_by_seq"]
+            vec![
+                "0001_init",
+                "0002_node_load",
+                "0003_events_by_seq",
+                "0004_session_cap"
+            ]
         );
         assert!(migrate(&store, 2).unwrap().is_empty());
         let rows = store
@@ -119,7 +124,8 @@ mod tests {
             vec![
                 vec![Value::from("0001_init"), Value::Int(1)],
                 vec![Value::from("0002_node_load"), Value::Int(1)],
-                vec![Value::from("0003_events_by_seq"), Value::Int(1)]
+                vec![Value::from("0003_events_by_seq"), Value::Int(1)],
+                vec![Value::from("0004_session_cap"), Value::Int(1)]
             ]
         );
     }
