@@ -30,19 +30,24 @@ macro_rules! held {
 }
 
 impl<S: Store> Queries<'_, S> {
-    /// Retention by age, then row caps, of whatever holds no live call.
+    /// Retention by age, then row caps, of whatever holds no live call; a
+    /// session pruned takes its legs and events with it.
     pub(crate) fn prune(
         &self,
         horizon_ms: i64,
         caps: &crate::engine::alarm::RowCaps,
     ) -> Result<(), EngineError> {
         let horizon = Value::Int(horizon_ms);
-        for sql in [
+        let aged = self.run(
             concat!(
                 "DELETE FROM sessions WHERE updated_at < ? AND NOT (",
                 live!(""),
-                ")"
+                ") RETURNING call_session_id"
             ),
+            std::slice::from_ref(&horizon),
+        )?;
+        self.forget_rows_of(&aged)?;
+        for sql in [
             concat!(
                 "DELETE FROM events WHERE updated_at < ? AND NOT ",
                 held!("events")
@@ -78,11 +83,18 @@ impl<S: Store> Queries<'_, S> {
 
     /// Deletes the oldest settled sessions, with their legs and events,
     /// until at most `keep` sessions are left (or no settled one is);
-    /// returns how many sessions it deleted. A settled session's events go
-    /// with it: none of them is left due for a re-drive with no session.
+    /// returns how many sessions it deleted.
     pub(crate) fn evict_settled(&self, keep: i64) -> Result<usize, EngineError> {
         let evicted = self.run(EVICT_SETTLED, &[Value::Int(keep)])?;
-        for id in evicted.iter().filter_map(|r| text(r, 0)) {
+        self.forget_rows_of(&evicted)?;
+        Ok(evicted.len())
+    }
+
+    /// Deletes the legs and events of the sessions just deleted (rows of
+    /// their ids): none of their events is left due for a re-drive with no
+    /// session to send it to.
+    fn forget_rows_of(&self, sessions: &[crate::store::Row]) -> Result<(), EngineError> {
+        for id in sessions.iter().filter_map(|r| text(r, 0)) {
             for sql in [
                 "DELETE FROM events WHERE call_session_id = ?",
                 "DELETE FROM legs WHERE call_session_id = ?",
@@ -90,7 +102,7 @@ impl<S: Store> Queries<'_, S> {
                 self.run(sql, &[id.as_str().into()])?;
             }
         }
-        Ok(evicted.len())
+        Ok(())
     }
 
     /// Creates an unowned session if the table holds fewer than `cap` rows;
