@@ -7,7 +7,7 @@
 //!
 //! | capability | needs |
 //! |---|---|
-//! | `ingress` | `TELNYX_PUBLIC_KEY`, `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, optional `TELNYX_CONNECTION_IDS`, `FORWARD_TIMEOUT_MS` |
+//! | `ingress` | `TELNYX_PUBLIC_KEY`, `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, optional `TELNYX_CONNECTION_IDS`, `FORWARD_TIMEOUT_MS`, `SESSION_CAP` |
 //! | `node_routes` | `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, `MEDIA_TOKEN_KEYS`, optional `EDGE_HOSTNAMES` |
 //! | `admin` | `ADMIN_TOKENS`, optional `POLICY_TOKENS`, `ORIGIN_ALLOW_PLAINTEXT` |
 //! | `key_publication` (`GET /v1/keys`) | `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, optional `EDGE_NEXT_PUBLIC_KEYS` |
@@ -18,7 +18,7 @@
 use crate::auth::Tokens;
 use callfence_core::edge_hosts::EdgeHosts;
 use callfence_core::encoding::{b64_decode, b64_encode};
-use callfence_core::engine::{EngineConfig, Timing};
+use callfence_core::engine::{EngineConfig, Timing, DEFAULT_SESSION_CAP};
 use callfence_core::media::MediaKeys;
 use callfence_core::registry::is_node_id;
 use callfence_core::telnyx::TelnyxKeys;
@@ -33,6 +33,8 @@ use std::rc::Rc;
 pub const DEFAULT_FORWARD_TIMEOUT_MS: u32 = 1_500;
 /// Accepted range of `FORWARD_TIMEOUT_MS`.
 pub const FORWARD_TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u32> = 100..=30_000;
+/// Accepted range of `SESSION_CAP` (unset: the engine's default, 100,000).
+pub const SESSION_CAP_RANGE: std::ops::RangeInclusive<i64> = 1..=1_000_000;
 /// Most connection ids in `TELNYX_CONNECTION_IDS`.
 pub const MAX_CONNECTION_IDS: usize = 64;
 /// Longest connection id.
@@ -118,6 +120,8 @@ pub struct Ingress {
     pub connection_ids: Option<BTreeSet<String>>,
     /// The origin forward budget.
     pub forward_timeout_ms: u32,
+    /// `SESSION_CAP`: the sessions table's row cap.
+    pub session_cap: i64,
 }
 
 /// Settings of the `node_routes` capability.
@@ -246,6 +250,7 @@ impl Config {
             .ok_or("TELNYX_PUBLIC_KEY");
         let connection_ids = parse_connection_ids(var("TELNYX_CONNECTION_IDS").as_deref());
         let forward_timeout_ms = parse_forward_timeout(var("FORWARD_TIMEOUT_MS").as_deref());
+        let session_cap = parse_session_cap(var("SESSION_CAP").as_deref());
         let media = var("MEDIA_TOKEN_KEYS")
             .and_then(|csv| MediaKeys::parse(&csv).ok())
             .ok_or("MEDIA_TOKEN_KEYS");
@@ -260,13 +265,22 @@ impl Config {
             .map(|csv| EdgeHosts::parse(&csv).map_err(|_| "EDGE_HOSTNAMES"))
             .transpose();
 
-        let ingress = match (&telnyx, &edge, &connection_ids, &forward_timeout_ms) {
-            (Ok(telnyx), Ok(edge), Ok(connection_ids), Ok(forward_timeout_ms)) => Ok(Ingress {
-                telnyx: telnyx.clone(),
-                edge: edge.clone(),
-                connection_ids: connection_ids.clone(),
-                forward_timeout_ms: *forward_timeout_ms,
-            }),
+        let ingress = match (
+            &telnyx,
+            &edge,
+            &connection_ids,
+            &forward_timeout_ms,
+            &session_cap,
+        ) {
+            (Ok(telnyx), Ok(edge), Ok(connection_ids), Ok(forward_timeout_ms), Ok(session_cap)) => {
+                Ok(Ingress {
+                    telnyx: telnyx.clone(),
+                    edge: edge.clone(),
+                    connection_ids: connection_ids.clone(),
+                    forward_timeout_ms: *forward_timeout_ms,
+                    session_cap: *session_cap,
+                })
+            }
             _ => Err(Misconfigured {
                 capability: Capability::Ingress,
                 variables: faults(&[
@@ -274,6 +288,7 @@ impl Config {
                     edge.as_ref().err().copied(),
                     connection_ids.as_ref().err().copied(),
                     forward_timeout_ms.as_ref().err().copied(),
+                    session_cap.as_ref().err().copied(),
                 ]),
             }),
         };
@@ -351,7 +366,8 @@ impl Config {
 
     /// The Dispatcher engine's configuration, from the values parsed above
     /// (a capability that is misconfigured contributes the defaults: its
-    /// routes are refused anyway).
+    /// routes are refused anyway; claims then run under the default
+    /// `SESSION_CAP`).
     pub fn engine(&self) -> EngineConfig {
         let ingress = self.ingress.as_ref().ok();
         let defaults = Timing::default();
@@ -364,6 +380,7 @@ impl Config {
                 .and_then(|i| i.connection_ids.as_ref())
                 .map(|ids| ids.iter().cloned().collect()),
             allow_plaintext: self.admin.as_ref().is_ok_and(|a| a.allow_plaintext),
+            session_cap: ingress.map_or(DEFAULT_SESSION_CAP, |i| i.session_cap),
             timing: Timing {
                 node_lost_after_ms: test.node_lost_ms.unwrap_or(defaults.node_lost_after_ms),
                 max_duration_ms: test.max_duration_ms.unwrap_or(defaults.max_duration_ms),
@@ -479,6 +496,19 @@ fn parse_forward_timeout(text: Option<&str>) -> Result<u32, &'static str> {
             text.bytes().all(|b| b.is_ascii_digit()) && FORWARD_TIMEOUT_RANGE_MS.contains(ms)
         })
         .ok_or("FORWARD_TIMEOUT_MS")
+}
+
+/// `SESSION_CAP`: a decimal row count within [`SESSION_CAP_RANGE`],
+/// [`DEFAULT_SESSION_CAP`] when unset. Anything else (a sign, a unit, `1e5`,
+/// `100,000`) is misconfiguration, never guessed at.
+fn parse_session_cap(text: Option<&str>) -> Result<i64, &'static str> {
+    let Some(text) = text.map(str::trim) else {
+        return Ok(DEFAULT_SESSION_CAP);
+    };
+    text.parse::<i64>()
+        .ok()
+        .filter(|cap| text.bytes().all(|b| b.is_ascii_digit()) && SESSION_CAP_RANGE.contains(cap))
+        .ok_or("SESSION_CAP")
 }
 
 /// `"true"` or `"false"` (absent: false). Anything else is not guessed at.
@@ -696,6 +726,28 @@ mod tests {
             faulty(&parse(&vars), Capability::Admin),
             ["ORIGIN_ALLOW_PLAINTEXT"]
         );
+    }
+
+    #[test]
+    fn session_cap_is_a_row_count_in_range_and_reaches_the_engine() {
+        let config = parse(&complete());
+        assert_eq!(config.engine().session_cap, DEFAULT_SESSION_CAP);
+        let mut vars = complete();
+        vars.insert("SESSION_CAP", " 2500 ".into());
+        let config = parse(&vars);
+        assert_eq!(config.ingress.as_ref().ok().unwrap().session_cap, 2_500);
+        assert_eq!(config.engine().session_cap, 2_500);
+        for bad in ["0", "-5", "+5", "1e5", "100,000", "100k", "1000001", "x"] {
+            vars.insert("SESSION_CAP", bad.into());
+            let config = parse(&vars);
+            assert_eq!(
+                faulty(&config, Capability::Ingress),
+                ["SESSION_CAP"],
+                "{bad}"
+            );
+            assert!(config.node_routes.is_ok() && config.admin.is_ok(), "{bad}");
+            assert_eq!(config.engine().session_cap, DEFAULT_SESSION_CAP, "{bad}");
+        }
     }
 
     #[test]

@@ -30,17 +30,22 @@ pub enum Refusal {
     Fence(FenceRefusal),
     /// A media token refused (409 `{"valid":false,"reason"}`).
     Media(MediaRefusal),
-    /// Another node owns the session (409 `already_owned`).
-    AlreadyOwned,
+    /// A claim refused (409 `{"claimed":false,"reason"}`: `already_owned`,
+    /// `capacity_exhausted`).
+    Claim(ClaimRefusal),
+    /// A new session at `SESSION_CAP` with only live sessions stored (503
+    /// `storage_full`, `Retry-After`).
+    StorageFull,
     /// A webhook body that is not a Telnyx event (400 `bad_envelope`).
     BadEnvelope,
     /// An attempt's lease is live (503 `in_progress`).
     InProgress,
     /// The Dispatcher is shedding load (503 `overloaded`, `Retry-After: 1`).
     Overloaded,
-    /// A node probed again within the probe interval (429 `rate_limited`,
-    /// with the seconds to wait as `Retry-After` and `retry_after_s`).
-    ProbeRateLimited(u32),
+    /// A node probed again within the probe interval, or claimed over its
+    /// token bucket (429 `rate_limited`, with the seconds to wait as
+    /// `Retry-After` and `retry_after_s`).
+    RateLimited(u32),
     /// Parked (503 `no_policy` / `no_eligible_node`, `Retry-After: 1`).
     Pending(PendingReason),
     /// The session moved and the alarm delivers (503 `reassigned`).
@@ -54,6 +59,10 @@ pub enum Refusal {
     /// A preview with no policy (404 `no_policy`).
     NoPolicy,
 }
+
+/// `Retry-After` of `storage_full`: room comes back as calls end and
+/// settle, not within the second.
+pub const STORAGE_FULL_RETRY_S: u32 = 5;
 
 /// A document refusal (every [`DocError`] but the engine's own failure).
 #[derive(Debug, Clone, PartialEq)]
@@ -81,18 +90,17 @@ impl Refusal {
     pub fn status(&self) -> u16 {
         match self {
             Refusal::UnknownNodeKey => 401,
-            Refusal::StaleSeq | Refusal::Fence(_) | Refusal::Media(_) | Refusal::AlreadyOwned => {
-                409
-            }
+            Refusal::StaleSeq | Refusal::Fence(_) | Refusal::Media(_) | Refusal::Claim(_) => 409,
             Refusal::InvalidHeartbeat(_) | Refusal::BadRequest(_) | Refusal::BadEnvelope => 400,
             Refusal::MediaKeysMissing
             | Refusal::InProgress
             | Refusal::Overloaded
             | Refusal::Pending(_)
             | Refusal::Reassigned
-            | Refusal::DeliveryUnknown => 503,
+            | Refusal::DeliveryUnknown
+            | Refusal::StorageFull => 503,
             Refusal::UnknownCall | Refusal::NoPolicy => 404,
-            Refusal::ProbeRateLimited(_) => 429,
+            Refusal::RateLimited(_) => 429,
             Refusal::Document(d) => match d {
                 DocumentRefusal::PreconditionRequired => 428,
                 DocumentRefusal::BadPrecondition
@@ -115,11 +123,12 @@ impl Refusal {
             Refusal::MediaKeysMissing => "misconfigured",
             Refusal::Fence(r) => r.code(),
             Refusal::Media(r) => r.code(),
-            Refusal::AlreadyOwned => "already_owned",
+            Refusal::Claim(r) => r.code(),
+            Refusal::StorageFull => "storage_full",
             Refusal::BadEnvelope => "bad_envelope",
             Refusal::InProgress => "in_progress",
             Refusal::Overloaded => "overloaded",
-            Refusal::ProbeRateLimited(_) => "rate_limited",
+            Refusal::RateLimited(_) => "rate_limited",
             Refusal::Pending(reason) => reason.code(),
             Refusal::Reassigned => "reassigned",
             Refusal::DeliveryUnknown => "delivery_unknown",
@@ -145,7 +154,8 @@ impl Refusal {
             Refusal::Pending(PendingReason::NoPolicy | PendingReason::NoEligibleNode)
             | Refusal::NoPolicy
             | Refusal::Overloaded => Some(1),
-            Refusal::ProbeRateLimited(seconds) => Some(*seconds),
+            Refusal::RateLimited(seconds) => Some(*seconds),
+            Refusal::StorageFull => Some(STORAGE_FULL_RETRY_S),
             Refusal::UnknownNodeKey
             | Refusal::StaleSeq
             | Refusal::InvalidHeartbeat(_)
@@ -153,7 +163,7 @@ impl Refusal {
             | Refusal::MediaKeysMissing
             | Refusal::Fence(_)
             | Refusal::Media(_)
-            | Refusal::AlreadyOwned
+            | Refusal::Claim(_)
             | Refusal::BadEnvelope
             | Refusal::InProgress
             | Refusal::Reassigned
@@ -172,7 +182,7 @@ impl Refusal {
             Refusal::MediaKeysMissing => json!({"capability": "node_routes"}),
             Refusal::Fence(r) => json!(FenceRefused::from(*r)),
             Refusal::Media(r) => json!(MediaInvalid::from(*r)),
-            Refusal::AlreadyOwned => json!(ClaimRefused::from(ClaimRefusal::AlreadyOwned)),
+            Refusal::Claim(r) => json!(ClaimRefused::from(*r)),
             Refusal::Document(DocumentRefusal::RevisionConflict(current)) => {
                 json!({"current_revision": current})
             }
@@ -183,7 +193,7 @@ impl Refusal {
                 json!({"details": details})
             }
             Refusal::Document(DocumentRefusal::NodeInUse(node)) => json!({"node": node}),
-            Refusal::ProbeRateLimited(seconds) => json!({"retry_after_s": seconds}),
+            Refusal::RateLimited(seconds) => json!({"retry_after_s": seconds}),
             _ => Json::Null,
         }
     }
@@ -243,11 +253,13 @@ mod tests {
             Refusal::MediaKeysMissing,
             Refusal::Fence(FenceRefusal::StaleEpoch),
             Refusal::Media(MediaRefusal::Expired),
-            Refusal::AlreadyOwned,
+            Refusal::Claim(ClaimRefusal::AlreadyOwned),
+            Refusal::Claim(ClaimRefusal::CapacityExhausted),
+            Refusal::StorageFull,
             Refusal::BadEnvelope,
             Refusal::InProgress,
             Refusal::Overloaded,
-            Refusal::ProbeRateLimited(4),
+            Refusal::RateLimited(4),
             Refusal::Pending(PendingReason::NoEligibleNode),
             Refusal::Reassigned,
             Refusal::DeliveryUnknown,
@@ -267,13 +279,18 @@ mod tests {
                 Refusal::Pending(_)
                     | Refusal::NoPolicy
                     | Refusal::Overloaded
-                    | Refusal::ProbeRateLimited(_)
+                    | Refusal::RateLimited(_)
+                    | Refusal::StorageFull
             );
             assert_eq!(r.retry_after_s.is_some(), parked, "{refusal:?}");
         }
         assert_eq!(
             Refusal::Fence(FenceRefusal::NotOwner).body(),
             json!({"error": "not_owner", "granted": false, "reason": "not_owner"})
+        );
+        assert_eq!(
+            Refusal::Claim(ClaimRefusal::CapacityExhausted).body(),
+            json!({"error": "capacity_exhausted", "claimed": false, "reason": "capacity_exhausted"})
         );
     }
 }

@@ -132,6 +132,19 @@ pub struct NodeFacts<'a> {
     pub last_delivery_at_ms: Option<i64>,
 }
 
+impl NodeFacts<'_> {
+    /// The `capacity_exhausted` rule: the larger of the calls the beat
+    /// reports and the open calls the Dispatcher assigned reaches the
+    /// effective `max_calls`. Without a beat no limit is known, and this is
+    /// false (eligibility refuses such a node `no_heartbeat`; a claim
+    /// refuses it itself). A claim counts against capacity by this same rule.
+    pub fn capacity_exhausted(&self) -> bool {
+        let reported = self.beat.map_or(0, |b| b.heartbeat.capacity.active_calls);
+        effective_max_calls(self.entry, self.beat)
+            .is_some_and(|limit| reported.max(self.open_calls) >= limit)
+    }
+}
+
 /// How a node is being considered for a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Candidacy {
@@ -186,7 +199,7 @@ pub fn check(
     }
     match facts.beat {
         None => reasons.push(Reason::NoHeartbeat),
-        Some(beat) => beat_reasons(entry, beat, facts.open_calls, line, now_ms, &mut reasons),
+        Some(beat) => beat_reasons(facts, entry, beat, line, now_ms, &mut reasons),
     }
     if let Some(failed) = facts.last_failure_at_ms {
         let delivered_since = facts.last_delivery_at_ms.is_some_and(|d| d >= failed);
@@ -207,9 +220,9 @@ pub fn check(
 }
 
 fn beat_reasons(
+    facts: &NodeFacts<'_>,
     entry: &NodeEntry,
     beat: &Beat,
-    open_calls: u32,
     line: Option<LineRef<'_>>,
     now_ms: i64,
     reasons: &mut Vec<Reason>,
@@ -239,10 +252,8 @@ fn beat_reasons(
     if !hb.app_ready {
         reasons.push(Reason::AppDown);
     }
-    if let Some(limit) = effective_max_calls(Some(entry), Some(beat)) {
-        if hb.capacity.active_calls.max(open_calls) >= limit {
-            reasons.push(Reason::CapacityExhausted);
-        }
+    if facts.capacity_exhausted() {
+        reasons.push(Reason::CapacityExhausted);
     }
     if !hb.tunnel_up {
         reasons.push(Reason::TunnelDown);

@@ -37,6 +37,7 @@
 //! - [`decision`]: the evidence record of each routing decision.
 //! - [`outcome`]: classification of an origin's answer to a forward.
 //! - [`admission`]: shedding webhooks the Dispatcher cannot take in time.
+//! - [`rate`]: token buckets as one stored number (a node's claims).
 //!
 //! State (SQL through [`store::Store`], schema in `migrations/`):
 //! - [`store`]: the storage trait, values, migrations runner, rusqlite backend.
@@ -71,6 +72,10 @@
 //!     `MIN_REFORWARD_BUDGET_MS`.
 //! 12. A node op under a (node, key id) not in the current registry is
 //!     refused `unknown_node_key` and changes nothing.
+//! 13. No pruning, by age or by row cap, ever removes a live session (open,
+//!     or fenced and not ended) or the legs and ledger events of one; at
+//!     `SESSION_CAP` with only live sessions a new session is refused
+//!     `storage_full` and nothing is evicted.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -93,6 +98,7 @@ pub mod outcome;
 pub mod policy;
 pub mod probe;
 pub mod problem;
+pub mod rate;
 pub mod registry;
 pub mod selection;
 pub mod store;

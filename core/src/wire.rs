@@ -216,13 +216,16 @@ impl Claimed {
     }
 }
 
-/// Why a claim is refused (409).
+/// Why a claim is refused (409). A claim over the node's rate is a 429
+/// `rate_limited` instead, and one at `SESSION_CAP` a 503 `storage_full`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClaimRefusal {
     /// Another node owns the session, or it is an inbound session the policy
     /// decides.
     AlreadyOwned,
+    /// The claim would take the node over its capacity (v1.4).
+    CapacityExhausted,
 }
 
 impl ClaimRefusal {
@@ -230,6 +233,7 @@ impl ClaimRefusal {
     pub fn code(self) -> &'static str {
         match self {
             ClaimRefusal::AlreadyOwned => "already_owned",
+            ClaimRefusal::CapacityExhausted => "capacity_exhausted",
         }
     }
 }
@@ -557,10 +561,9 @@ mod tests {
         ] {
             assert_eq!(to_json(&r), json!(r.code()));
         }
-        assert_eq!(
-            to_json(&ClaimRefusal::AlreadyOwned),
-            json!(ClaimRefusal::AlreadyOwned.code())
-        );
+        for r in [ClaimRefusal::AlreadyOwned, ClaimRefusal::CapacityExhausted] {
+            assert_eq!(to_json(&r), json!(r.code()));
+        }
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Scenario tests of the engine on real SQLite: the paths the simulation
 //! does not drive (claims and outgoing sessions, the pending window closing,
 //! refused deliveries after an ambiguous one, media checks, heartbeat replay,
-//! the preview of a draft policy, the status view's stale marks, and the
-//! open-call count across a rollback to the previous release).
+//! the preview of a draft policy, the status view's stale marks, the
+//! open-call count across a rollback to the previous release, and issue 18's
+//! claim flood against a live call under a small row cap).
 
 use callfence_core::document::DocKind;
 use callfence_core::encoding::b64_encode;
@@ -33,9 +34,13 @@ struct World {
 
 impl World {
     fn new() -> Self {
+        Self::with(EngineConfig::default())
+    }
+
+    fn with(config: EngineConfig) -> Self {
         let store = SqliteStore::in_memory().unwrap();
         migrate(&store, T0).unwrap();
-        let engine = Engine::new(store, EngineConfig::default());
+        let engine = Engine::new(store, config);
         let nodes: serde_json::Map<_, _> = ["M1", "M2"]
             .iter()
             .enumerate()
@@ -604,9 +609,13 @@ fn the_open_call_count_survives_a_rollback_to_the_previous_release_and_back() {
         let (kept, counted) = load_and_count(&store);
         assert_eq!(kept, counted, "after {sql}");
     }
-    // And the new release decides on it after the roll-forward.
+    // And the new release decides on it after the roll-forward (whose
+    // 0004 backfills the sessions' row count).
+    migrate(&store, T0).unwrap();
     let engine = Engine::new(store, EngineConfig::default());
-    assert_eq!(engine.status(T0).unwrap()["counts"]["open_calls"], 1);
+    let status = engine.status(T0).unwrap();
+    assert_eq!(status["counts"]["open_calls"], 1);
+    assert_eq!(status["counts"]["sessions"], 3);
 }
 
 #[test]
@@ -765,4 +774,180 @@ fn a_node_removed_from_the_registry_loses_its_beat_and_health_at_the_next_alarm(
         Value::Int(1),
         "a registered node keeps its beat"
     );
+}
+
+/// A claim of a fresh outgoing session by `node`.
+fn claim(w: &World, node: &str, session: &str) -> ClaimReply {
+    let req = ClaimRequest {
+        call_control_id: format!("leg-{session}"),
+        call_session_id: session.into(),
+    };
+    w.engine.handle_claim(caller(node), &req, w.now).unwrap()
+}
+
+/// A live, answered, fenced call on M1 (the owner then drains, so that a
+/// re-resolution would pick M2): its forward, grant and the grant's media
+/// token.
+fn live_call_on_m1(w: &mut World, session: &str) -> (Forward, callfence_core::engine::FenceGrant) {
+    w.beat("M1", |_| {}).unwrap();
+    let init = forward(w.webhook(
+        &format!("{session}-i"),
+        "call.initiated",
+        session,
+        "incoming",
+    ));
+    assert_eq!(init.node, "M1");
+    assert!(matches!(
+        w.report(&init, ok(200)),
+        ReportEffect::Delivered(_)
+    ));
+    let FenceReply::Granted(grant) = w.fence("M1", session, init.epoch) else {
+        panic!("no grant")
+    };
+    let answered = forward(w.webhook(
+        &format!("{session}-a"),
+        "call.answered",
+        session,
+        "incoming",
+    ));
+    assert!(matches!(
+        w.report(&answered, ok(200)),
+        ReportEffect::Delivered(_)
+    ));
+    w.beat("M1", |hb| hb.mode = Mode::Drained).unwrap();
+    (init, grant)
+}
+
+/// Issue 18, finding 4, as observed: a flood of claims from M2 against a
+/// small row cap evicted M1's live, answered, fenced call; its next event was
+/// re-resolved to another node at a new epoch, which was granted a second
+/// fence, and M1 was refused. Now the flood is refused (capacity, rate,
+/// storage) and the call is untouched.
+#[test]
+fn a_claim_flood_from_one_node_cannot_evict_another_node_s_live_call() {
+    let mut w = World::with(EngineConfig {
+        session_cap: 4,
+        ..EngineConfig::default()
+    });
+    let (init, grant) = live_call_on_m1(&mut w, "live-1");
+    w.beat("M2", |hb| hb.capacity.max_calls = 3).unwrap();
+    let replies: Vec<ClaimReply> = (0..100)
+        .map(|i| claim(&w, "M2", &format!("flood-{i}")))
+        .collect();
+    assert!(replies[..3]
+        .iter()
+        .all(|r| matches!(r, ClaimReply::Claimed { .. })));
+    assert!(replies[3..10]
+        .iter()
+        .all(|r| *r == ClaimReply::CapacityExhausted));
+    assert!(replies[10..]
+        .iter()
+        .all(|r| *r == ClaimReply::RateLimited { retry_after_s: 1 }));
+    // An idempotent re-claim is not a new session: the same 200.
+    w.now += 1_000;
+    assert_eq!(
+        claim(&w, "M2", "flood-0"),
+        replies[0],
+        "a re-claim answers the same"
+    );
+    // The table is full of live calls: a new session is refused, stored
+    // nowhere, and nothing is evicted; the alarm prunes nothing live.
+    assert_eq!(claim(&w, "M1", "flood-m1"), ClaimReply::StorageFull);
+    assert_eq!(
+        w.webhook("new-i", "call.initiated", "new-1", "incoming"),
+        Ingress::StorageFull
+    );
+    assert!(w.engine.call("new-1").unwrap().is_none());
+    assert!(w.engine.call("flood-m1").unwrap().is_none());
+    w.engine.poll_alarm(w.now).unwrap();
+    let status = w.engine.status(w.now).unwrap();
+    assert_eq!(status["counts"]["sessions"], 4);
+    assert_eq!(status["counts"]["storage_full"], 2);
+    assert_eq!(status["counts"]["claims_capacity_exhausted"], 7);
+    assert_eq!(status["counts"]["claims_rate_limited"], 90);
+    // M1's call is intact: its legs and events, its next event to M1 at the
+    // same epoch, no second fence, the regrant and the media check.
+    let call = w.engine.call("live-1").unwrap().expect("the live call");
+    assert_eq!(
+        (call["owner"].as_str(), call["epoch"].as_u64()),
+        (Some("M1"), Some(init.epoch))
+    );
+    assert_eq!(call["events"].as_array().unwrap().len(), 2);
+    assert_eq!(call["legs"].as_array().unwrap().len(), 1);
+    let next = forward(w.webhook("live-1-p", "call.playback.started", "live-1", "incoming"));
+    assert_eq!((next.node.as_str(), next.epoch), ("M1", init.epoch));
+    assert_eq!(
+        w.fence("M2", "live-1", init.epoch),
+        FenceReply::Refused(FenceRefusal::NotOwner)
+    );
+    let FenceReply::Granted(again) = w.fence("M1", "live-1", init.epoch) else {
+        panic!("M1's regrant refused")
+    };
+    assert!(!again.first && again.command_id == grant.command_id);
+    assert_eq!(
+        w.engine
+            .handle_media_verify(caller("M1"), &grant.media_token, &w.media, w.now)
+            .unwrap(),
+        MediaReply::Valid {
+            call_session_id: "live-1".into(),
+            epoch: init.epoch
+        }
+    );
+}
+
+/// At the cap, a new session evicts the oldest settled one (an ended call
+/// and its legs and events) and never a live one.
+#[test]
+fn at_the_cap_a_new_session_evicts_the_oldest_ended_call_only() {
+    let mut w = World::with(EngineConfig {
+        session_cap: 2,
+        ..EngineConfig::default()
+    });
+    w.beat("M1", |_| {}).unwrap();
+    forward(w.webhook("old-i", "call.initiated", "old", "incoming"));
+    forward(w.webhook("old-h", "call.hangup", "old", "incoming"));
+    w.now += 1_000;
+    let (live, _) = live_call_on_m1(&mut w, "live");
+    w.beat("M1", |_| {}).unwrap();
+    w.now += 1_000;
+    let fresh = forward(w.webhook("fresh-i", "call.initiated", "fresh", "incoming"));
+    assert!(fresh.epoch > live.epoch);
+    assert!(
+        w.engine.call("old").unwrap().is_none(),
+        "the ended call made room"
+    );
+    let call = w.engine.call("live").unwrap().expect("the live call");
+    assert_eq!(call["epoch"].as_u64(), Some(live.epoch));
+    // Both left are live: the next new one is refused.
+    assert_eq!(
+        w.webhook("more-i", "call.initiated", "more", "incoming"),
+        Ingress::StorageFull
+    );
+    assert_eq!(w.engine.status(w.now).unwrap()["counts"]["sessions"], 2);
+}
+
+/// Retention by age and the row caps of legs and events spare a live call:
+/// a fenced call settled `max_duration` and `node_lost` whose hangup never
+/// came keeps its session, legs and events; an ended one goes.
+#[test]
+fn retention_by_age_spares_a_fenced_call_that_has_not_ended() {
+    let mut w = World::new();
+    let (live, _) = live_call_on_m1(&mut w, "kept");
+    w.beat("M1", |_| {}).unwrap();
+    forward(w.webhook("gone-i", "call.initiated", "gone", "incoming"));
+    forward(w.webhook("gone-h", "call.hangup", "gone", "incoming"));
+    // The first alarm settles it (a change); the second finds it untouched
+    // for longer than the retention.
+    for _ in 0..2 {
+        w.now += 25 * 3_600_000;
+        w.engine.poll_alarm(w.now).unwrap();
+    }
+    assert!(w.engine.call("gone").unwrap().is_none());
+    let call = w.engine.call("kept").unwrap().expect("the fenced call");
+    assert_eq!(call["state"], "max_duration");
+    assert_eq!(call["epoch"].as_u64(), Some(live.epoch));
+    assert_eq!(call["events"].as_array().unwrap().len(), 2);
+    assert_eq!(call["legs"].as_array().unwrap().len(), 1);
+    let next = forward(w.webhook("kept-h", "call.hangup", "kept", "incoming"));
+    assert_eq!((next.node.as_str(), next.epoch), ("M1", live.epoch));
 }

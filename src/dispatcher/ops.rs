@@ -17,7 +17,7 @@ use callfence_core::engine::{
 use callfence_core::media::MediaKeys;
 use callfence_core::store::Store;
 use callfence_core::telnyx::{parse_envelope, Envelope};
-use callfence_core::wire::{Claimed, MediaValid};
+use callfence_core::wire::{ClaimRefusal, Claimed, MediaValid};
 use serde::Serialize;
 use serde_json::json;
 
@@ -152,7 +152,14 @@ pub fn serve<S: Store>(
                     call_session_id,
                     epoch,
                 } => done(&Claimed::new(&call_session_id, epoch)),
-                ClaimReply::AlreadyOwned => Err(Refusal::AlreadyOwned),
+                ClaimReply::AlreadyOwned => Err(Refusal::Claim(ClaimRefusal::AlreadyOwned)),
+                ClaimReply::CapacityExhausted => {
+                    Err(Refusal::Claim(ClaimRefusal::CapacityExhausted))
+                }
+                ClaimReply::RateLimited { retry_after_s } => {
+                    Err(Refusal::RateLimited(retry_after_s))
+                }
+                ClaimReply::StorageFull => Err(Refusal::StorageFull),
                 ClaimReply::NotRegistered => Err(Refusal::UnknownNodeKey),
             },
         },
@@ -212,7 +219,7 @@ pub fn serve<S: Store>(
         Request::Probe { node, .. } => match engine.handle_probe(node, now_ms)? {
             ProbeAdmission::Send { origin_url } => done(&ProbeTarget { origin_url }),
             ProbeAdmission::RateLimited { retry_after_s } => {
-                Err(Refusal::ProbeRateLimited(retry_after_s))
+                Err(Refusal::RateLimited(retry_after_s))
             }
             ProbeAdmission::UnknownNode => Err(Refusal::UnknownNodeKey),
         },
@@ -269,6 +276,7 @@ fn webhook<S: Store>(
             Ingress::InProgress => Err(Refusal::InProgress),
             Ingress::Pending(reason) => Err(Refusal::Pending(reason)),
             Ingress::Rejected => Err(Refusal::Pending(PendingReason::NoEligibleNode)),
+            Ingress::StorageFull => Err(Refusal::StorageFull),
         },
     )
 }

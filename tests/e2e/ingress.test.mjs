@@ -77,7 +77,17 @@ describe("ingress on a two-node cluster", () => {
     const call = await callOf(edge, "sec-1");
     assert.deepEqual([call.status, call.body.error], [404, "unknown_call"]);
     const status = await admin(edge, "/v1/status");
-    assert.deepEqual(status.body.counts, { open_calls: 0, pending: 0, unroutable: 0, ignored: 0 });
+    assert.deepEqual(status.body.counts, {
+      open_calls: 0,
+      pending: 0,
+      unroutable: 0,
+      ignored: 0,
+      sessions: 0,
+      session_cap: 100000,
+      storage_full: 0,
+      claims_capacity_exhausted: 0,
+      claims_rate_limited: 0,
+    });
     assert.equal(status.body.engine.last_webhook_at, null);
     await sleep(300);
     assert.equal(M1.origin.requests.length + M2.origin.requests.length, 0, "no origin got anything");
@@ -301,7 +311,17 @@ describe("no eligible node, then one appears", () => {
     assert.equal(call.body.owner, "M1");
     const outcomes = (await admin(edge, "/v1/decisions?call_session_id=park-1")).body.decisions.map((d) => d.outcome);
     assert.deepEqual(outcomes, ["assigned", "pending"]);
-    assert.deepEqual((await admin(edge, "/v1/status")).body.counts, { open_calls: 1, pending: 0, unroutable: 0, ignored: 0 });
+    assert.deepEqual((await admin(edge, "/v1/status")).body.counts, {
+      open_calls: 1,
+      pending: 0,
+      unroutable: 0,
+      ignored: 0,
+      sessions: 1,
+      session_cap: 100000,
+      storage_full: 0,
+      claims_capacity_exhausted: 0,
+      claims_rate_limited: 0,
+    });
     const dup = await webhook(edge, event);
     assert.deepEqual([dup.status, dup.body.delivered_to], [200, "M1"]);
     assert.equal(received(M1, event.data.id).length, 1);

@@ -1,7 +1,8 @@
 //! The alarm: parked events re-evaluated every second for the pending
 //! window, lapsed leases and unknown outcomes re-driven, queued events sent
 //! to new owners, sessions swept (`node_lost`, `max_duration`) and old rows
-//! pruned (SPEC §7.5, §7.7, §9).
+//! pruned (SPEC §7.5, §7.7, §9). Pruning never removes a live session (open,
+//! or fenced and not ended) nor its legs and events.
 
 use super::ownership::{Ownership, Placeable};
 use super::routing::DecisionSubject;
@@ -12,14 +13,11 @@ use crate::store::Store;
 
 /// Decisions kept, newest first.
 pub const KEPT_DECISIONS: i64 = 10_000;
-/// Row caps: the oldest rows beyond these are pruned whatever their age.
-pub const MAX_EVENTS: i64 = 200_000;
-/// See [`MAX_EVENTS`].
-pub const MAX_SESSIONS: i64 = 100_000;
-/// See [`MAX_EVENTS`].
-pub const MAX_LEGS: i64 = 200_000;
+/// The legs' and the events' row caps are this many times `SESSION_CAP`.
+pub const ROWS_PER_SESSION: i64 = 2;
 
-/// The row caps [`super::queries::Queries::prune`] applies.
+/// The row caps [`super::queries::Queries::prune`] applies: beyond them the
+/// oldest rows that hold no live call are pruned whatever their age.
 pub(crate) struct RowCaps {
     pub decisions: i64,
     pub events: i64,
@@ -27,12 +25,17 @@ pub(crate) struct RowCaps {
     pub legs: i64,
 }
 
-const CAPS: RowCaps = RowCaps {
-    decisions: KEPT_DECISIONS,
-    events: MAX_EVENTS,
-    sessions: MAX_SESSIONS,
-    legs: MAX_LEGS,
-};
+impl RowCaps {
+    /// The caps for a sessions cap of `sessions`.
+    fn for_sessions(sessions: i64) -> Self {
+        Self {
+            decisions: KEPT_DECISIONS,
+            events: sessions.saturating_mul(ROWS_PER_SESSION),
+            sessions,
+            legs: sessions.saturating_mul(ROWS_PER_SESSION),
+        }
+    }
+}
 
 /// What the Dispatcher must do after its alarm fired.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -56,8 +59,10 @@ impl<S: Store> Engine<S> {
             self.q().lapse_leases(now_ms, self.max_redrives())?;
             self.revisit_pending(now_ms)?;
             self.redrive_due(now_ms, &mut work)?;
-            self.sweep(now_ms)?;
+            // Prune before the sweep: what this alarm settles is pruned by a
+            // later one, so nothing live when an alarm starts is gone after.
             self.prune(now_ms)?;
+            self.sweep(now_ms)?;
             Ok::<_, EngineError>(work)
         })?;
         work.next_alarm_ms = self.next_alarm_at(now_ms)?;
@@ -153,11 +158,12 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// Retention by age whatever the state, plus row caps; the beats and
-    /// forward health of nodes no longer registered.
+    /// Retention by age and row caps, of rows that hold no live call; the
+    /// beats and forward health of nodes no longer registered.
     fn prune(&self, now_ms: i64) -> Result<(), EngineError> {
         let q = self.q();
-        q.prune(now_ms - self.config.timing.retention_ms, &CAPS)?;
+        let caps = RowCaps::for_sessions(self.config.session_cap);
+        q.prune(now_ms - self.config.timing.retention_ms, &caps)?;
         let registered = self.registry()?.map(|(_, r)| r).unwrap_or_default();
         for node in q.known_nodes()? {
             if !registered.nodes.contains_key(&node) {

@@ -1,14 +1,19 @@
 //! The answer fence, claims of dialled sessions, and media checks
 //! (SPEC §7.4, §8): the guards that keep two nodes from answering one call.
+//! A claim is bounded like an assignment: by the node's capacity, by its
+//! token bucket, and by `SESSION_CAP`; a refused claim stores no session
+//! and evicts nothing (only an admitted one moves the node's bucket).
 
 use super::nodes::Caller;
 use super::ownership::{Ownership, Target};
+use super::queries::NewSession;
 use super::routing::DecisionSubject;
 use super::rows::{SessionRow, SessionState};
 use super::{ClaimRequest, Engine, EngineError, FenceRequest};
 use crate::decision::DecisionOutcome;
 use crate::fence::command_id;
 use crate::media::{self, MediaClaims, MediaError, MediaKeys};
+use crate::rate;
 use crate::store::Store;
 use crate::time::format_ms;
 
@@ -39,6 +44,19 @@ pub enum ClaimReply {
     /// Another node owns it, or it is an inbound session the policy decides
     /// (409 `already_owned`).
     AlreadyOwned,
+    /// The claim would take the node over its capacity, by the rule of
+    /// eligibility's `capacity_exhausted`, or the node has reported no
+    /// capacity yet (409 `capacity_exhausted`). No session is stored.
+    CapacityExhausted,
+    /// The node's claims are over their token bucket ([`crate::rate::CLAIMS`]):
+    /// 429 `rate_limited` with `Retry-After`. Nothing is stored.
+    RateLimited {
+        /// Seconds until a claim is admitted again.
+        retry_after_s: u32,
+    },
+    /// A new session with the sessions table at `SESSION_CAP` and only live
+    /// sessions in it (503 `storage_full`). Nothing is stored or evicted.
+    StorageFull,
     /// The claimer's node or key id is not in the current registry (401
     /// `unknown_node_key`).
     NotRegistered,
@@ -122,6 +140,9 @@ impl<S: Store> Engine<S> {
     }
 
     /// `POST /v1/claims`: `caller` dialled this leg and owns its session.
+    /// In order: the key, the node's token bucket, the session (an owner's
+    /// re-claim answers the same 200, whatever its capacity), the node's
+    /// capacity, and room for a new session under `SESSION_CAP`.
     pub fn handle_claim(
         &self,
         caller: Caller<'_>,
@@ -129,9 +150,9 @@ impl<S: Store> Engine<S> {
         now_ms: i64,
     ) -> Result<ClaimReply, EngineError> {
         let node = caller.node;
-        self.unit(|| {
+        let reply = self.unit(|| {
             if !self.key_in_force(caller)? {
-                return Ok(ClaimReply::NotRegistered);
+                return Ok::<_, EngineError>(ClaimReply::NotRegistered);
             }
             let Some((_, registry)) = self.registry()? else {
                 return Ok(ClaimReply::NotRegistered);
@@ -140,7 +161,17 @@ impl<S: Store> Engine<S> {
                 return Ok(ClaimReply::NotRegistered);
             };
             let q = self.q();
-            match q.session(&req.call_session_id)? {
+            let bucket = format!("claim_tat:{node}");
+            match rate::CLAIMS.admit(q.counter(&bucket)?, now_ms) {
+                Ok(tat) => q.set_counter(&bucket, tat)?,
+                Err(limited) => {
+                    return Ok(ClaimReply::RateLimited {
+                        retry_after_s: limited.retry_after_s(),
+                    })
+                }
+            }
+            let existing = q.session(&req.call_session_id)?;
+            match &existing {
                 Some(s) if s.owner.as_deref() == Some(node) => {
                     return Ok(ClaimReply::Claimed {
                         call_session_id: s.id.clone(),
@@ -159,9 +190,31 @@ impl<S: Store> Engine<S> {
                     return Ok(ClaimReply::AlreadyOwned);
                 }
             }
-            let Ownership::Unowned(unowned) =
-                Ownership::of(q.note_outgoing(&req.call_session_id, now_ms)?)
-            else {
+            let state = self.node_state(node, None)?;
+            if state.beat.is_none() || state.facts(Some(entry)).capacity_exhausted() {
+                return Ok(ClaimReply::CapacityExhausted);
+            }
+            let row = match existing {
+                Some(row) => row,
+                None => {
+                    let new = NewSession {
+                        id: &req.call_session_id,
+                        direction: Some("outgoing"),
+                        caller: None,
+                        called: None,
+                        now_ms,
+                    };
+                    let inserted = match q.insert_session(&new, self.config.session_cap)? {
+                        Some(row) => Some(row),
+                        None => self.insert_at_cap(&new)?,
+                    };
+                    let Some(row) = inserted else {
+                        return Ok(ClaimReply::StorageFull);
+                    };
+                    row
+                }
+            };
+            let Ownership::Unowned(unowned) = Ownership::of(row) else {
                 return Ok(ClaimReply::AlreadyOwned);
             };
             q.track_leg(&req.call_control_id, &req.call_session_id, None, now_ms)?;
@@ -188,7 +241,16 @@ impl<S: Store> Engine<S> {
                 call_session_id: req.call_session_id.clone(),
                 epoch: owned.epoch(),
             })
-        })
+        })?;
+        match reply {
+            ClaimReply::CapacityExhausted => {
+                self.count_refusal(|r| r.claims_capacity_exhausted += 1)
+            }
+            ClaimReply::RateLimited { .. } => self.count_refusal(|r| r.claims_rate_limited += 1),
+            ClaimReply::StorageFull => self.count_refusal(|r| r.storage_full += 1),
+            _ => {}
+        }
+        Ok(reply)
     }
 
     /// `POST /v1/media/verify` from `caller`.

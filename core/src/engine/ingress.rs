@@ -57,6 +57,10 @@ pub enum Ingress {
     InProgress,
     /// Parked: 503 with `Retry-After: 1`; the alarm retries for 10 s.
     Pending(PendingReason),
+    /// The first event of a new session, with the sessions table at
+    /// `SESSION_CAP` and only live sessions in it: 503 `storage_full`;
+    /// nothing is stored (the carrier retries) and nothing is evicted.
+    StorageFull,
     /// The parking window closed with no node: 503 `no_eligible_node`.
     Rejected,
     /// Another connection's event: recorded, 200, never routed.
@@ -76,7 +80,7 @@ impl<S: Store> Engine<S> {
         headers: &[(String, String)],
         now_ms: i64,
     ) -> Result<Ingress, EngineError> {
-        self.unit(|| {
+        let ingress = self.unit(|| {
             let q = self.q();
             if let Some(event) = q.event(&envelope.event_id)? {
                 q.set_counter("last_webhook_at", now_ms)?;
@@ -113,7 +117,9 @@ impl<S: Store> Engine<S> {
                 q.insert_event(&new(None, st::UNROUTABLE, None, None))?;
                 return Ok(Ingress::Unroutable);
             };
-            let (session, created) = self.open_session(&session_id, envelope, now_ms)?;
+            let Some((session, created)) = self.open_session(&session_id, envelope, now_ms)? else {
+                return Ok(Ingress::StorageFull);
+            };
             let session = self.track_leg(session, envelope, now_ms)?;
             let session = match session {
                 Ownership::Unowned(u) => {
@@ -162,7 +168,11 @@ impl<S: Store> Engine<S> {
                 body: body.to_owned(),
                 headers: headers.to_vec(),
             }))
-        })
+        })?;
+        if matches!(ingress, Ingress::StorageFull) {
+            self.count_refusal(|r| r.storage_full += 1);
+        }
+        Ok(ingress)
     }
 
     fn serves_connection(&self, connection_id: Option<&str>) -> bool {
@@ -173,29 +183,48 @@ impl<S: Store> Engine<S> {
     }
 
     /// The session of a new event, created from the event's numbers when it
-    /// is the first; true when created in this unit.
+    /// is the first; true when created in this unit. `None` when it is new
+    /// and the sessions table holds only live sessions at `SESSION_CAP`.
     fn open_session(
         &self,
         id: &str,
         envelope: &Envelope,
         now_ms: i64,
-    ) -> Result<(Ownership, bool), EngineError> {
+    ) -> Result<Option<(Ownership, bool)>, EngineError> {
         let caller = envelope.from.as_deref().and_then(normalise);
         let called = envelope.to.as_deref().and_then(normalise);
         let q = self.q();
-        if let Some(row) = q.insert_session(&NewSession {
+        let new = NewSession {
             id,
             direction: envelope.direction.as_deref(),
             caller: caller.as_deref(),
             called: called.as_deref(),
             now_ms,
-        })? {
-            return Ok((Ownership::of(row), true));
+        };
+        if let Some(row) = q.insert_session(&new, self.config.session_cap)? {
+            return Ok(Some((Ownership::of(row), true)));
         }
-        let row = q
-            .session(id)?
-            .ok_or_else(|| EngineError::Corrupt("session vanished".into()))?;
-        Ok((Ownership::of(row), false))
+        if let Some(row) = q.session(id)? {
+            return Ok(Some((Ownership::of(row), false)));
+        }
+        Ok(self
+            .insert_at_cap(&new)?
+            .map(|row| (Ownership::of(row), true)))
+    }
+
+    /// Inserts a session known to be new while the sessions table is at
+    /// `SESSION_CAP`: the oldest settled sessions are evicted to make room
+    /// (never a live one); `None` when there is none to evict.
+    pub(crate) fn insert_at_cap(
+        &self,
+        new: &NewSession<'_>,
+    ) -> Result<Option<SessionRow>, EngineError> {
+        let q = self.q();
+        let cap = self.config.session_cap;
+        if q.evict_settled(cap - 1)? == 0 {
+            return Ok(None);
+        }
+        q.insert_session(new, cap)
     }
 
     /// Records the leg and its lifecycle: `call.answered` marks it answered,

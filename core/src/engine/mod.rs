@@ -39,6 +39,8 @@
 //!   `handle_*` methods, `poll_alarm`, heartbeats and documents;
 //! - `routing`: resolution, selection and the decision record;
 //! - `requests`, `views`: request bodies and the read-only views;
+//! - `refusals`: what was refused under a limit (claims over capacity or
+//!   rate, new sessions at `SESSION_CAP`), counted in memory for status;
 //! - `writes_only`: `make bench`'s baseline, an assignment's writes alone
 //!   (served only under a test-only switch).
 
@@ -50,6 +52,7 @@ mod nodes;
 pub(crate) mod ownership;
 mod probes;
 pub(crate) mod queries;
+mod refusals;
 mod reports;
 mod requests;
 mod routing;
@@ -57,12 +60,13 @@ pub(crate) mod rows;
 mod views;
 mod writes_only;
 
-pub use alarm::AlarmWork;
+pub use alarm::{AlarmWork, ROWS_PER_SESSION};
 pub use documents::DocError;
 pub use fencing::{ClaimReply, FenceGrant, FenceRefusal, FenceReply, MediaRefusal, MediaReply};
 pub use ingress::{Delivered, Ingress, PendingReason};
 pub use nodes::{Caller, HeartbeatRefusal, NodeKey};
 pub use probes::ProbeAdmission;
+pub use refusals::Refused;
 pub use reports::{
     may_reforward, Report, ReportEffect, ReportedAnswer, MAX_HOPS, MIN_REFORWARD_BUDGET_MS,
 };
@@ -128,7 +132,13 @@ pub struct EngineConfig {
     pub allow_plaintext: bool,
     /// Background timing.
     pub timing: Timing,
+    /// `SESSION_CAP`: the sessions table's row cap (SPEC §9), at least 1.
+    /// The legs' and events' caps are [`ROWS_PER_SESSION`] times it.
+    pub session_cap: i64,
 }
+
+/// `SESSION_CAP` when unset.
+pub const DEFAULT_SESSION_CAP: i64 = 100_000;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -137,6 +147,7 @@ impl Default for EngineConfig {
             connection_ids: None,
             allow_plaintext: false,
             timing: Timing::default(),
+            session_cap: DEFAULT_SESSION_CAP,
         }
     }
 }
@@ -223,6 +234,8 @@ pub struct Engine<S: Store> {
     store: S,
     config: EngineConfig,
     cache: RefCell<Cache>,
+    /// Requests refused under a limit since this engine started.
+    refused: std::cell::Cell<Refused>,
 }
 
 impl<S: Store> Engine<S> {
@@ -232,6 +245,7 @@ impl<S: Store> Engine<S> {
             store,
             config,
             cache: RefCell::new(Cache::default()),
+            refused: std::cell::Cell::new(Refused::default()),
         }
     }
 

@@ -264,6 +264,7 @@ impl<S: Store> Engine<S> {
             })
             .unwrap_or_default();
         let recent = self.decisions(Some(STATUS_DECISIONS), None, None)?;
+        let refused = self.refused();
         Ok(json!({
             "engine": {
                 "operative": policy.is_some() && registry.is_some() && last_webhook_at.is_some(),
@@ -280,6 +281,11 @@ impl<S: Store> Engine<S> {
                 "pending": q.count_events(st::PENDING)?,
                 "unroutable": q.count_events(st::UNROUTABLE)?,
                 "ignored": q.count_events(st::IGNORED)?,
+                "sessions": q.count_sessions()?,
+                "session_cap": self.config.session_cap,
+                "storage_full": refused.storage_full,
+                "claims_capacity_exhausted": refused.claims_capacity_exhausted,
+                "claims_rate_limited": refused.claims_rate_limited,
             },
             "recent_decisions": recent["decisions"],
         }))

@@ -39,13 +39,16 @@ impl<S: Store> Engine<S> {
         let q = self.q();
         self.unit(|| {
             let seq = q.counters(&["event_seq"], &[("last_webhook_at", now_ms)])?[0];
-            q.insert_session(&NewSession {
-                id,
-                direction: Some("incoming"),
-                caller: Some("+14155550100"),
-                called: Some("+14155550199"),
-                now_ms,
-            })?;
+            q.insert_session(
+                &NewSession {
+                    id,
+                    direction: Some("incoming"),
+                    caller: Some("+14155550100"),
+                    called: Some("+14155550199"),
+                    now_ms,
+                },
+                self.config.session_cap,
+            )?;
             q.track_leg(id, id, None, now_ms)?;
             let ids = q.counters(&["epoch", "decision"], &[])?;
             let (epoch, decision) = (ids[0], ids[1]);

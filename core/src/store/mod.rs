@@ -70,6 +70,10 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0004_seq_regressions",
         sql: include_str!("../../../migrations/0004_seq_regressions.sql"),
     },
+    Migration {
+        name: "0005_session_cap",
+        sql: include_str!("../../../migrations/0005_session_cap.sql"),
+    },
 ];
 
 /// Applies the migrations not yet recorded in `schema_migrations`, in order.

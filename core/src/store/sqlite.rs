@@ -109,7 +109,8 @@ mod tests {
                 "0001_init",
                 "0002_node_load",
                 "0003_events_by_seq",
-                "0004_seq_regressions"
+                "0004_seq_regressions",
+                "0005_session_cap"
             ]
         );
         assert!(migrate(&store, 2).unwrap().is_empty());
@@ -125,7 +126,8 @@ mod tests {
                 vec![Value::from("0001_init"), Value::Int(1)],
                 vec![Value::from("0002_node_load"), Value::Int(1)],
                 vec![Value::from("0003_events_by_seq"), Value::Int(1)],
-                vec![Value::from("0004_seq_regressions"), Value::Int(1)]
+                vec![Value::from("0004_seq_regressions"), Value::Int(1)],
+                vec![Value::from("0005_session_cap"), Value::Int(1)]
             ]
         );
     }

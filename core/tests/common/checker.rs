@@ -20,15 +20,27 @@ pub struct Ownership {
     pub epoch: Option<u64>,
     pub fence: Option<(String, u64)>,
     pub open: bool,
+    /// Every leg hung up (state `ended`).
+    pub ended: bool,
     pub created_at_ms: i64,
+    /// The session's stored legs and ledger events.
+    pub legs: u32,
+    pub events: u32,
+}
+
+impl Ownership {
+    /// Live (SPEC §9): open, or fenced and not ended. Never pruned.
+    pub fn live(&self) -> bool {
+        self.open || (self.fence.is_some() && !self.ended)
+    }
 }
 
 /// The stored state the checker looks at after a step.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub sessions: BTreeMap<String, Ownership>,
-    /// Events in state `delivered`.
-    pub delivered: BTreeSet<String>,
+    /// Events in state `delivered`, with their session.
+    pub delivered: BTreeMap<String, Option<String>>,
     /// Document revisions by kind.
     pub revisions: BTreeMap<String, u64>,
     /// Last beat validity per node (valid-until, ms).
@@ -130,6 +142,8 @@ pub enum Violation {
         budget_left_ms: i64,
     },
     UnknownKeyAccepted(&'static str),
+    /// A live session, or a leg or event of one, was deleted.
+    LivePruned(String),
 }
 
 impl Violation {
@@ -156,6 +170,7 @@ impl Violation {
             Violation::AlarmDueWrong { .. } => "AlarmDueWrong",
             Violation::ReforwardRuleBroken { .. } => "ReforwardRuleBroken",
             Violation::UnknownKeyAccepted(_) => "UnknownKeyAccepted",
+            Violation::LivePruned(_) => "LivePruned",
         }
     }
 }
@@ -202,7 +217,9 @@ impl Checker {
     fn observe(&mut self, obs: &Observation, after: &Snapshot) {
         match obs {
             Observation::Forwarded { event_id } => {
-                if self.last.delivered.contains(event_id) || self.answered.contains_key(event_id) {
+                if self.last.delivered.contains_key(event_id)
+                    || self.answered.contains_key(event_id)
+                {
                     self.violations
                         .push(Violation::ForwardedAfterDelivery(event_id.clone()));
                 }
@@ -332,6 +349,32 @@ impl Checker {
     }
 
     fn compare(&mut self, after: &Snapshot) {
+        // Nothing live, nor its legs or events, is ever pruned.
+        for (id, before) in &self.last.sessions {
+            let now = after.sessions.get(id);
+            if before.live() {
+                let kept =
+                    now.is_some_and(|now| now.legs >= before.legs && now.events >= before.events);
+                if !kept {
+                    self.violations.push(Violation::LivePruned(id.clone()));
+                }
+            } else if now.is_none() {
+                // Pruned when settled: a later event of that id is a new
+                // session, whose history starts afresh.
+                self.granted.remove(id);
+                self.ambiguous.retain(|(s, _)| s != id);
+            }
+        }
+        // A delivered event pruned with its settled session: a late
+        // duplicate of it is a new event (SPEC §9's retention).
+        for (event, session) in &self.last.delivered {
+            let settled = session
+                .as_ref()
+                .is_none_or(|s| !after.sessions.get(s).is_some_and(Ownership::live));
+            if settled && !after.delivered.contains_key(event) {
+                self.answered.remove(event);
+            }
+        }
         // The maintained per-node count equals the count of open sessions.
         let mut counted: BTreeMap<&str, i64> = BTreeMap::new();
         for s in after.sessions.values().filter(|s| s.open) {
@@ -430,7 +473,10 @@ mod tests {
             epoch: Some(epoch),
             fence: fence.then(|| (owner.to_string(), epoch)),
             open: true,
+            ended: false,
             created_at_ms: 0,
+            legs: 1,
+            events: 1,
         }
     }
 
@@ -567,7 +613,7 @@ mod tests {
     #[test]
     fn a_forward_after_delivery_is_reported() {
         let mut delivered = Snapshot::default();
-        delivered.delivered.insert("e".into());
+        delivered.delivered.insert("e".into(), None);
         let v = run(vec![
             (vec![], delivered.clone()),
             (
@@ -810,6 +856,44 @@ mod tests {
             Snapshot::default(),
         )]);
         assert_eq!(v, vec![Violation::UnknownKeyAccepted("claim")]);
+    }
+
+    #[test]
+    fn a_pruned_live_session_or_a_pruned_row_of_one_is_reported() {
+        let settled = |s: Ownership| Ownership { open: false, ..s };
+        // A settled, unfenced session may go; an ended fenced one too.
+        let ended = Ownership {
+            ended: true,
+            ..settled(owned("M1", 2, true))
+        };
+        let v = run(vec![
+            (
+                vec![],
+                snap(&[("a", settled(owned("M1", 1, false))), ("b", ended)]),
+            ),
+            (vec![], snap(&[])),
+        ]);
+        assert_eq!(v, vec![]);
+        // An open one, or a fenced one settled node_lost, may not.
+        for live in [owned("M1", 1, false), settled(owned("M1", 1, true))] {
+            let v = run(vec![(vec![], snap(&[("s", live)])), (vec![], snap(&[]))]);
+            assert_eq!(v, vec![Violation::LivePruned("s".into())]);
+        }
+        // Nor its legs or ledger events.
+        let v = run(vec![
+            (vec![], snap(&[("s", owned("M1", 1, true))])),
+            (
+                vec![],
+                snap(&[(
+                    "s",
+                    Ownership {
+                        events: 0,
+                        ..owned("M1", 1, true)
+                    },
+                )]),
+            ),
+        ]);
+        assert_eq!(v, vec![Violation::LivePruned("s".into())]);
     }
 
     #[test]

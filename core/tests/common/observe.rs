@@ -1,11 +1,13 @@
 //! Reads of the Dispatcher's tables for the checker: the whole-store dump a
 //! "changes nothing" observation compares, the ownership snapshot checked
-//! after every step, and the evidence of each new assignment decision.
+//! after every step (with each session's leg and event counts, for the
+//! "nothing live is pruned" invariant), and the evidence of each new
+//! assignment decision.
 
 use super::checker::{AssignmentEvidence, Ownership, Snapshot};
 use callfence_core::heartbeat::Heartbeat;
 use callfence_core::store::{Store, Value};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Every table except the bookkeeping counter of webhook arrival.
 pub fn dump(store: &impl Store) -> String {
@@ -50,7 +52,11 @@ pub fn snapshot_since(
         }
     }
     Snapshot {
-        sessions: part(wrote("sessions"), || sessions(store), &last.sessions),
+        sessions: part(
+            wrote("sessions") || wrote("legs") || wrote("events"),
+            || sessions(store),
+            &last.sessions,
+        ),
         delivered: part(wrote("events"), || delivered(store), &last.delivered),
         revisions: part(wrote("documents"), || revisions(store), &last.revisions),
         node_load: part(wrote("node_load"), || node_load(store), &last.node_load),
@@ -65,7 +71,9 @@ pub fn snapshot_since(
 fn sessions(store: &impl Store) -> BTreeMap<String, Ownership> {
     let mut out = BTreeMap::new();
     let rows = store
-        .exec("SELECT call_session_id, owner, epoch, fence_node, fence_epoch, state, created_at FROM sessions", &[])
+        .exec("SELECT s.call_session_id, s.owner, s.epoch, s.fence_node, s.fence_epoch, s.state, s.created_at, \
+               (SELECT COUNT(*) FROM legs l WHERE l.call_session_id = s.call_session_id), \
+               (SELECT COUNT(*) FROM events e WHERE e.call_session_id = s.call_session_id) FROM sessions s", &[])
         .expect("sessions");
     for r in rows {
         let text = |i: usize| r[i].as_text().map(str::to_owned);
@@ -81,19 +89,30 @@ fn sessions(store: &impl Store) -> BTreeMap<String, Ownership> {
                 epoch: r[2].as_int().map(|e| e as u64),
                 fence,
                 open: state == "assigned" || state == "answered",
+                ended: state == "ended",
                 created_at_ms: r[6].as_int().unwrap_or(0),
+                legs: r[7].as_int().unwrap_or(0) as u32,
+                events: r[8].as_int().unwrap_or(0) as u32,
             },
         );
     }
     out
 }
 
-fn delivered(store: &impl Store) -> BTreeSet<String> {
+fn delivered(store: &impl Store) -> BTreeMap<String, Option<String>> {
     store
-        .exec("SELECT event_id FROM events WHERE state = 'delivered'", &[])
+        .exec(
+            "SELECT event_id, call_session_id FROM events WHERE state = 'delivered'",
+            &[],
+        )
         .expect("events")
         .into_iter()
-        .map(|r| r[0].as_text().unwrap_or_default().to_owned())
+        .map(|r| {
+            (
+                r[0].as_text().unwrap_or_default().to_owned(),
+                r[1].as_text().map(str::to_owned),
+            )
+        })
         .collect()
 }
 

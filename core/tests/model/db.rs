@@ -24,7 +24,8 @@ use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
 /// Columns that change no decision of the engine: times kept for pruning
-/// after 24 h (the model's horizon is far shorter) and views, copies of the
+/// after 24 h (the model's horizon is far shorter; a session's `updated_at`
+/// is hashed when a small row cap makes it the eviction order) and views, copies of the
 /// raw body and headers, stored answers, writer fingerprints.
 pub const IGNORED: &[(&str, &str)] = &[
     ("documents", "written_at"),
@@ -86,8 +87,10 @@ fn texts(rows: Vec<Row>, column: usize) -> Vec<String> {
 }
 
 impl Db {
-    /// A fresh in-memory database, migrated, with `plant` armed.
-    pub fn new(plant: Option<&'static Plant>, now_ms: i64) -> Rc<Self> {
+    /// A fresh in-memory database, migrated, with `plant` armed. With
+    /// `ages`, the sessions' `updated_at` is hashed too: the row cap's
+    /// eviction takes the oldest settled session first.
+    pub fn new(plant: Option<&'static Plant>, now_ms: i64, ages: bool) -> Rc<Self> {
         let sqlite = SqliteStore::in_memory().expect("sqlite");
         // Small pages: a rollback copies back fewer bytes per page touched.
         sqlite
@@ -121,7 +124,11 @@ impl Db {
                 let hashed: Vec<String> = info
                     .iter()
                     .map(column)
-                    .filter(|c| !IGNORED.contains(&(name.as_str(), c.as_str())))
+                    .filter(|c| {
+                        let aged =
+                            ages && (name.as_str(), c.as_str()) == ("sessions", "updated_at");
+                        aged || !IGNORED.contains(&(name.as_str(), c.as_str()))
+                    })
                     .collect();
                 let mut keys: Vec<(i64, String)> = info
                     .iter()

@@ -6,9 +6,11 @@
 //! engine on real SQLite, and the shared checker (`tests/common/checker.rs`)
 //! verifies the invariants of `core/src/lib.rs` in every reached state.
 //!
-//! - `CALLFENCE_MODEL=full|hangups|restarts|large|short|smoke` picks the
+//! - `CALLFENCE_MODEL=full|hangups|restarts|cap|large|short|smoke` picks the
 //!   bounds (`smoke` when unset; `make model-check` runs `full`, which is
-//!   the `hangups` and `restarts` scenarios; `make test` runs `short`), and each
+//!   the `hangups`, `restarts` and `cap` scenarios; `make test` runs `short`,
+//!   which is the `short` and `cap` scenarios: `cap` adds two claims of
+//!   fresh sessions against a row cap of 2), and each
 //!   `CALLFENCE_MODEL_*` variable overrides one bound (see
 //!   [`scenario::Bounds`]).
 //! - A violation prints the shortest action sequence that reaches it and the
@@ -194,6 +196,17 @@ fn planted_revision_not_bumped_accepts_a_stale_write() {
 #[cfg_attr(debug_assertions, ignore = "release only: `make test` runs it")]
 fn planted_epoch_counter_not_advanced_repeats_an_epoch() {
     planted("epoch_counter_not_advanced", 4, |_| {});
+}
+
+/// Issue 18: a row cap whose eviction ignores liveness lets a flood of
+/// claims evict a live call.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "release only: `make test` runs it")]
+fn planted_eviction_ignoring_liveness_prunes_a_live_call() {
+    planted("eviction_ignores_liveness", 4, |b| {
+        b.floods = 2;
+        b.session_cap = 2;
+    });
 }
 
 /// The report's epoch guard is defence in depth: the engine moves a session

@@ -344,6 +344,21 @@ pub const PLANTS: &[Plant] = &[
         },
         with: Some("ambiguous_mark_forgotten"),
     },
+    Plant {
+        name: "eviction_ignores_liveness",
+        finds: "LivePruned",
+        verb: Verb::Delete,
+        table: "sessions",
+        column: None,
+        value: None,
+        // The row cap's eviction with its `settled!` clause made always true:
+        // the oldest session goes, live or not.
+        effect: Effect::Replace {
+            from: "WHERE (state = 'ended' OR (state IN ('node_lost', 'max_duration') AND fence_node IS NULL)) ORDER BY updated_at",
+            to: "WHERE 1 ORDER BY updated_at",
+        },
+        with: None,
+    },
 ];
 
 /// What the faulty store runs instead of a statement.

@@ -15,7 +15,7 @@ use crate::plants::Plant;
 use callfence_core::document::DocKind;
 use callfence_core::engine::{
     Caches, Caller, ClaimRequest, Engine, EngineConfig, FenceReply, FenceRequest, Forward, Ingress,
-    Report, ReportEffect, ReportedAnswer,
+    Report, ReportEffect, ReportedAnswer, DEFAULT_SESSION_CAP,
 };
 use callfence_core::heartbeat::Mode;
 use callfence_core::store::{Store, Value};
@@ -65,6 +65,10 @@ pub struct Bounds {
     pub horizon_ms: i64,
     /// Duplicates may also arrive through the failover URL.
     pub failover: bool,
+    /// Claims by M2 of fresh outgoing sessions (a dial loop's flood).
+    pub floods: u8,
+    /// The sessions table's row cap (`SESSION_CAP`).
+    pub session_cap: i64,
 }
 
 impl Bounds {
@@ -85,6 +89,8 @@ impl Bounds {
             advances: 2,
             horizon_ms: 150_000,
             failover: true,
+            floods: 0,
+            session_cap: DEFAULT_SESSION_CAP,
         };
         let hangups = Bounds {
             deliveries: 2,
@@ -108,6 +114,15 @@ impl Bounds {
                 failover: false,
                 ..hangups
             },
+            // The `short` bounds with one delivery, a row cap of 2 and two
+            // claims of fresh sessions: the flood meets a live, fenced call
+            // at the cap.
+            "cap" => Bounds {
+                deliveries: 1,
+                floods: 2,
+                session_cap: 2,
+                ..Self::preset("short")
+            },
             "smoke" => Bounds {
                 deliveries: 1,
                 hangups: 0,
@@ -117,7 +132,7 @@ impl Bounds {
             },
             "full" => panic!("`full` is two scenarios (hangups, restarts): name one of them"),
             other => panic!(
-                "unknown model preset {other:?} (full, hangups, restarts, large, short, smoke)"
+                "unknown model preset {other:?} (full, hangups, restarts, large, short, cap, smoke)"
             ),
         }
     }
@@ -130,11 +145,15 @@ impl Bounds {
     /// scenario with both (and three deliveries, two beats) does not finish
     /// in 10. Every other preset is one scenario of its own name.
     pub fn scenarios(name: &str) -> Vec<(&str, Self)> {
+        let named = |names: &[&'static str]| {
+            names
+                .iter()
+                .map(|n| (*n, Self::preset(n)))
+                .collect::<Vec<_>>()
+        };
         match name {
-            "full" => ["hangups", "restarts"]
-                .into_iter()
-                .map(|n| (n, Self::preset(n)))
-                .collect(),
+            "full" => named(&["hangups", "restarts", "cap"]),
+            "short" => named(&["short", "cap"]),
             other => vec![(other, Self::preset(other))],
         }
     }
@@ -181,6 +200,7 @@ impl Bounds {
             ("RESTARTS", &mut b.restarts),
             ("WRITES", &mut b.writes),
             ("ADVANCES", &mut b.advances),
+            ("FLOODS", &mut b.floods),
         ] {
             if let Some(v) = var(name) {
                 *bound = u8::try_from(v).expect("a bound of at most 255");
@@ -192,6 +212,9 @@ impl Bounds {
         if let Some(v) = var("FAILOVER") {
             b.failover = v != 0;
         }
+        if let Some(v) = var("SESSION_CAP") {
+            b.session_cap = v.max(1);
+        }
     }
 }
 
@@ -199,7 +222,7 @@ impl Bounds {
     /// The environment that sets exactly these bounds.
     pub fn env(&self) -> String {
         format!(
-            "CALLFENCE_MODEL_CALLS={} CALLFENCE_MODEL_DELIVERIES={} CALLFENCE_MODEL_HANGUPS={} CALLFENCE_MODEL_BEATS={} CALLFENCE_MODEL_RESTARTS={} CALLFENCE_MODEL_WRITES={} CALLFENCE_MODEL_ADVANCES={} CALLFENCE_MODEL_HORIZON_S={} CALLFENCE_MODEL_FAILOVER={}",
+            "CALLFENCE_MODEL_CALLS={} CALLFENCE_MODEL_DELIVERIES={} CALLFENCE_MODEL_HANGUPS={} CALLFENCE_MODEL_BEATS={} CALLFENCE_MODEL_RESTARTS={} CALLFENCE_MODEL_WRITES={} CALLFENCE_MODEL_ADVANCES={} CALLFENCE_MODEL_HORIZON_S={} CALLFENCE_MODEL_FAILOVER={} CALLFENCE_MODEL_FLOODS={} CALLFENCE_MODEL_SESSION_CAP={}",
             self.calls,
             self.deliveries,
             self.hangups,
@@ -208,7 +231,9 @@ impl Bounds {
             self.writes,
             self.advances,
             self.horizon_ms / 1000,
-            u8::from(self.failover)
+            u8::from(self.failover),
+            self.floods,
+            self.session_cap
         )
     }
 }
@@ -217,7 +242,7 @@ impl fmt::Display for Bounds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} nodes, {} calls, {} deliveries of each call.initiated, {} of each hangup, {} beats per node, {} restarts, {} document writes, {} clock advances within {} s{}",
+            "{} nodes, {} calls, {} deliveries of each call.initiated, {} of each hangup, {} beats per node, {} restarts, {} document writes, {} clock advances within {} s{}, {} flood claims, row cap {}",
             NODES.len(),
             self.calls,
             self.deliveries,
@@ -227,7 +252,9 @@ impl fmt::Display for Bounds {
             self.writes,
             self.advances,
             self.horizon_ms / 1000,
-            if self.failover { ", failover duplicates" } else { "" }
+            if self.failover { ", failover duplicates" } else { "" },
+            self.floods,
+            self.session_cap
         )
     }
 }
@@ -286,6 +313,8 @@ pub enum Action {
         node: u8,
         call: u8,
     },
+    /// M2 claims the next fresh outgoing session (`flood-N`).
+    Flood,
     Alarm,
     /// Moves the clock to this many ms after T0.
     Advance {
@@ -362,6 +391,7 @@ impl fmt::Display for Action {
                 epoch,
             } => write!(f, "fence {} c{} e{epoch}", node(n), call + 1),
             Action::Claim { node: n, call } => write!(f, "claim {} c{}", node(n), call + 1),
+            Action::Flood => f.write_str("flood"),
             Action::Alarm => f.write_str("alarm"),
             Action::Advance { to_ms } => write!(f, "advance {to_ms}"),
             Action::Restart => f.write_str("restart"),
@@ -429,6 +459,7 @@ impl std::str::FromStr for Action {
                 node: parse_node(word(1)).ok_or_else(bad)?,
                 call: call(word(2)).ok_or_else(bad)?,
             },
+            "flood" => Action::Flood,
             "alarm" => Action::Alarm,
             "advance" => Action::Advance {
                 to_ms: word(1).parse().map_err(|_| bad())?,
@@ -494,6 +525,8 @@ pub struct Harness {
     pub restarts: u8,
     pub advances: u8,
     pub writes: u8,
+    /// Flood claims made.
+    pub floods: u8,
     /// Deliveries made of each event.
     pub deliveries: Vec<u8>,
     /// Per node: beats sent, and the last one's time and kind.
@@ -579,8 +612,13 @@ impl Model {
     /// The engine on a fresh database with both documents written, and the
     /// initial state. `plant` arms one planted bug.
     pub fn new(bounds: Bounds, plant: Option<&'static Plant>) -> (Self, State) {
-        let db = Db::new(plant, T0);
-        let config = EngineConfig::default();
+        // Under a small row cap, eviction picks the oldest settled session:
+        // the sessions' ages then decide, and are part of the state.
+        let db = Db::new(plant, T0, bounds.session_cap < DEFAULT_SESSION_CAP);
+        let config = EngineConfig {
+            session_cap: bounds.session_cap,
+            ..EngineConfig::default()
+        };
         assert!(
             bounds.horizon_ms < config.timing.retention_ms,
             "the state hash leaves out times that only pruning reads"
@@ -624,6 +662,7 @@ impl Model {
                 restarts: bounds.restarts,
                 advances: bounds.advances,
                 writes: bounds.writes,
+                floods: 0,
                 deliveries: vec![0; bodies.len()],
                 beats: vec![(0, None); NODES.len()],
                 inflight: Vec::new(),
@@ -758,6 +797,9 @@ impl Model {
             for node in 0..NODES.len() as u8 {
                 out.push(Action::Claim { node, call });
             }
+        }
+        if h.floods < b.floods {
+            out.push(Action::Flood);
         }
         if h.armed.is_some_and(|a| a <= h.now) {
             out.push(Action::Alarm);
@@ -1011,6 +1053,16 @@ impl Model {
                 };
                 self.engine
                     .handle_claim(signed(NODES[node as usize]), &req, now)
+                    .expect("claim");
+            }
+            Action::Flood => {
+                h.floods += 1;
+                let req = ClaimRequest {
+                    call_control_id: format!("v3:flood-{}", h.floods),
+                    call_session_id: format!("flood-{}", h.floods),
+                };
+                self.engine
+                    .handle_claim(signed(NODES[1]), &req, now)
                     .expect("claim");
             }
             Action::Alarm => {

@@ -118,6 +118,11 @@ impl World {
     pub fn new(seed: u64) -> Self {
         let store = SqliteStore::in_memory().expect("sqlite");
         migrate(&store, T0).expect("migrate");
+        let mut rng = Rng(seed);
+        // A third of the schedules run against a small row cap and a short
+        // retention, so that claim floods fill the table and pruning (by
+        // cap and by age) runs among live calls.
+        let small = rng.chance(33);
         let config = EngineConfig {
             forward_timeout_ms: 1_500,
             connection_ids: None,
@@ -125,12 +130,16 @@ impl World {
             timing: Timing {
                 node_lost_after_ms: 20_000,
                 max_duration_ms: 90_000,
-                retention_ms: 600_000,
+                retention_ms: if small { 40_000 } else { 600_000 },
                 sweep_interval_ms: 5_000,
                 ..Timing::default()
             },
+            session_cap: if small {
+                3 + rng.below(6) as i64
+            } else {
+                1_000
+            },
         };
-        let mut rng = Rng(seed);
         let nodes = NODES
             .iter()
             .map(|id| SimNode {
@@ -233,6 +242,7 @@ impl World {
             75..=77 => self.stale_write(),
             78..=79 => self.restart(),
             80..=82 => self.invalid_input(),
+            83..=87 => self.claim_flood(),
             _ => self.late_report(),
         }
         let due = self.engine().next_alarm_at(self.now).expect("alarm due");
@@ -332,7 +342,10 @@ impl World {
                 true
             }
             Ingress::Ignored | Ingress::Unroutable => true,
-            Ingress::InProgress | Ingress::Pending(_) | Ingress::Rejected => false,
+            Ingress::InProgress
+            | Ingress::Pending(_)
+            | Ingress::Rejected
+            | Ingress::StorageFull => false,
         }
     }
 
@@ -548,6 +561,58 @@ impl World {
         );
     }
 
+    /// A node's dial loop: a burst of claims of fresh outgoing sessions at
+    /// one instant (the token bucket, the node's capacity and the row cap
+    /// refuse what they must). A claimed call may be answered (fenced) and
+    /// may hang up later through the carrier; the rest stay open until the
+    /// sweep settles them.
+    fn claim_flood(&mut self) {
+        let i = self.rng.below(NODES.len() as u64) as usize;
+        let id = self.nodes[i].id;
+        for _ in 0..1 + self.rng.below(15) {
+            self.calls += 1;
+            let session = format!("out-{}", self.calls);
+            let ccid = format!("v3:out-leg-{}", self.calls);
+            let claim = ClaimRequest {
+                call_control_id: ccid.clone(),
+                call_session_id: session.clone(),
+            };
+            let reply = self
+                .engine()
+                .handle_claim(signed(id), &claim, self.now)
+                .expect("claim");
+            self.after_store_change();
+            let ClaimReply::Claimed { epoch, .. } = reply else {
+                continue;
+            };
+            if self.rng.chance(60) {
+                self.fence(i, &session, &ccid, epoch);
+            }
+            if self.rng.chance(50) {
+                let event_id = format!("evt-{}-hangup", self.calls);
+                let body = fixtures::event_body(
+                    &event_id,
+                    "call.hangup",
+                    &session,
+                    &ccid,
+                    "+15102160079",
+                    "+12025550133",
+                    "outgoing",
+                );
+                self.events.push(CallEvent {
+                    event_id,
+                    event_type: "call.hangup",
+                    body,
+                });
+                self.deliveries.push(Delivery {
+                    at: self.now + 500 + self.rng.below(8_000) as i64,
+                    event: self.events.len() - 1,
+                    tries_left: 3,
+                });
+            }
+        }
+    }
+
     fn node_change(&mut self) {
         let i = self.rng.below(NODES.len() as u64) as usize;
         let choice = self.rng.below(9);
@@ -619,6 +684,12 @@ impl World {
     }
 
     fn alarm(&mut self) {
+        // A step may run several alarms: the checker sees the state before
+        // each, so that "nothing live when an alarm starts is pruned by it"
+        // is checked alarm by alarm.
+        let obs = std::mem::take(&mut self.obs);
+        let before = self.snapshot();
+        self.checker.step(&obs, before);
         let work = self.engine().poll_alarm(self.now).expect("alarm");
         let t = &self.config.timing;
         self.obs.push(Observation::AlarmRan {

@@ -20,6 +20,39 @@ macro_rules! open_states {
         "('assigned', 'answered')"
     };
 }
+/// The sessions the row cap may evict: ended, or settled (`node_lost`,
+/// `max_duration`) without a fence; `$p` is a table prefix (`""`, `"s."`).
+/// Word for word the `WHERE` of the partial index `sessions_settled`
+/// (`migrations/0005_session_cap.sql`) when `$p` is empty.
+macro_rules! settled {
+    ($p:literal) => {
+        concat!(
+            "(",
+            $p,
+            "state = 'ended' OR (",
+            $p,
+            "state IN ('node_lost', 'max_duration') AND ",
+            $p,
+            "fence_node IS NULL))"
+        )
+    };
+}
+/// A live session (SPEC §9): open (`assigned`, `answered`), or fenced and
+/// not ended; a state this release does not know counts as live. Nothing
+/// live, nor its legs or events, is ever pruned. `$p` as in `settled!`.
+macro_rules! live {
+    ($p:literal) => {
+        concat!(
+            "NOT (",
+            $p,
+            "state = 'ended' OR (",
+            $p,
+            "state IN ('node_lost', 'max_duration', 'pending_assignment') AND ",
+            $p,
+            "fence_node IS NULL))"
+        )
+    };
+}
 /// The session columns `rows::session_at` reads, in order.
 macro_rules! session_cols {
     () => {

@@ -1,6 +1,6 @@
 //! Sessions (every ownership transition's guarded write) and legs.
 
-use super::{text, NewSession, Queries};
+use super::{text, Queries};
 use crate::engine::rows::{session_at, SessionRow, SESSION_COLUMNS};
 use crate::engine::EngineError;
 use crate::store::{Store, Value};
@@ -32,29 +32,6 @@ impl<S: Store> Queries<'_, S> {
             .iter()
             .filter_map(|r| text(r, 0))
             .collect())
-    }
-
-    /// Creates an unowned session; `None` when it already exists.
-    pub(crate) fn insert_session(
-        &self,
-        s: &NewSession<'_>,
-    ) -> Result<Option<SessionRow>, EngineError> {
-        let sql = concat!("INSERT INTO sessions (call_session_id, state, direction, caller, called, created_at, updated_at) VALUES (?, 'pending_assignment', ?, ?, ?, ?, ?) \
-             ON CONFLICT (call_session_id) DO NOTHING RETURNING ", session_cols!());
-        self.run(
-            sql,
-            &[
-                s.id.into(),
-                s.direction.into(),
-                s.caller.into(),
-                s.called.into(),
-                Value::Int(s.now_ms),
-                Value::Int(s.now_ms),
-            ],
-        )?
-        .first()
-        .map(|r| session_at(r, 0))
-        .transpose()
     }
 
     /// A session and the session its leg belongs to, in one read.
@@ -195,14 +172,6 @@ impl<S: Store> Queries<'_, S> {
             &[Value::Int(now_ms), Value::Int(now_ms), owner.into()],
         )?;
         Ok(())
-    }
-
-    /// A session a node dialled: created outgoing, or marked outgoing.
-    pub(crate) fn note_outgoing(&self, id: &str, now_ms: i64) -> Result<SessionRow, EngineError> {
-        let sql = concat!("INSERT INTO sessions (call_session_id, state, direction, created_at, updated_at) VALUES (?, 'pending_assignment', 'outgoing', ?, ?) \
-             ON CONFLICT (call_session_id) DO UPDATE SET direction = 'outgoing' RETURNING ", session_cols!());
-        self.write_session(sql, &[id.into(), Value::Int(now_ms), Value::Int(now_ms)])?
-            .ok_or_else(|| EngineError::Corrupt("session vanished".into()))
     }
 
     /// Owners of open sessions.
