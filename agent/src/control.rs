@@ -47,16 +47,30 @@ pub fn socket_path(state_dir: &Path) -> PathBuf {
     state_dir.join(SOCKET_FILE)
 }
 
-/// A socket address no longer than `sun_path` allows (108 bytes) for the
-/// file `name` in `dir`, however long `dir`'s path is: the name reached
-/// through `/proc/self/fd/<fd of dir>`, with `dir` held open by the returned
-/// handle for as long as the address is used. A state directory deep in a
-/// checkout or a home directory would otherwise fail to bind.
-fn short_address(dir: &Path, name: &str) -> std::io::Result<(std::fs::File, PathBuf)> {
+/// The longest socket address the kernel takes (`sun_path` holds 108 bytes,
+/// the last a NUL).
+const MAX_ADDRESS_BYTES: usize = 107;
+
+/// The address to bind or connect to for the file `name` in `dir`: its path
+/// when that fits in `sun_path`, else the same file reached through
+/// `/proc/self/fd/<dir>`, with `dir` held open (`O_PATH`, which needs no
+/// read permission, only the search permission the path itself would) by
+/// the returned handle for as long as the address is used. A state
+/// directory deep in a checkout or a home directory would otherwise fail to
+/// bind.
+fn short_address(dir: &Path, name: &str) -> std::io::Result<(Option<std::fs::File>, PathBuf)> {
     use std::os::fd::AsRawFd;
-    let handle = std::fs::File::open(dir)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(name);
+    if path.as_os_str().len() <= MAX_ADDRESS_BYTES {
+        return Ok((None, path));
+    }
+    let handle = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(dir)?;
     let address = PathBuf::from(format!("/proc/self/fd/{}/{name}", handle.as_raw_fd()));
-    Ok((handle, address))
+    Ok((Some(handle), address))
 }
 
 /// True when a peer running as `peer_uid` may use the socket of an agent
