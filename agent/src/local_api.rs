@@ -10,13 +10,14 @@
 //!   refused fence answers 409 `{"answered":false,"reason":..}` and Telnyx
 //!   is never called. A granted fence is followed by Telnyx `answer` with the
 //!   fence's `command_id` and the other options (the allow-list of
-//!   [`crate::telnyx_options::ANSWER`]; anything else is 400
+//!   [`crate::telnyx_options::SHARED`]; anything else is 400
 //!   `option_not_allowed` before the fence is asked) passed through, resent while
 //!   Telnyx is silent (see [`crate::telnyx_api`]); Telnyx's "already
 //!   answered" after a granted fence counts as success. 200
 //!   `{"answered":true,"first","epoch","command_id","media_token","granted_at"}`.
 //! - `POST /local/dial {...dial options}`: Telnyx `POST /v2/calls` with the
-//!   options of [`crate::telnyx_options::DIAL`] and the configured
+//!   options of [`crate::telnyx_options::SHARED`] and
+//!   [`crate::telnyx_options::DIAL_ONLY`], and the configured
 //!   `[telnyx] connection_id`, then the claim (`POST /v1/claims`) so the new
 //!   session's events come back here.
 //! - `POST /local/media/verify {"media_token"}`: the edge's fenced media check;
@@ -157,7 +158,7 @@ async fn answer_inner(agent: &Arc<Agent>, body: &[u8]) -> Result<Response, Respo
     for k in ["call_control_id", "call_session_id", "epoch"] {
         options.remove(k);
     }
-    telnyx_options::check(&options, telnyx_options::ANSWER)
+    telnyx_options::check(&options, telnyx_options::Command::Answer)
         .map_err(|body| reply(StatusCode::BAD_REQUEST, body))?;
     let Some(telnyx) = agent.telnyx.as_ref() else {
         return Err(reply(
@@ -271,7 +272,7 @@ async fn dial(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
         Ok(o) => o,
         Err((s, v)) => return reply(s, v),
     };
-    if let Err(refused) = telnyx_options::check(&options, telnyx_options::DIAL) {
+    if let Err(refused) = telnyx_options::check(&options, telnyx_options::Command::Dial) {
         return reply(StatusCode::BAD_REQUEST, refused);
     }
     let (Some(telnyx), Some(connection)) = (

@@ -7,8 +7,7 @@ mod common;
 
 use common::*;
 use serde_json::json;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// A node in mode `active` (not started yet) in front of the demo app, with
 /// the fake Telnyx API.
@@ -116,45 +115,6 @@ async fn drain_sets_drained_and_returns_when_the_app_holds_no_call() {
     assert_eq!(report["active_calls"], 0);
     let mode = n.cmd(&["mode", "get"]);
     assert_eq!(String::from_utf8_lossy(&mode.stdout).trim(), "drained");
-}
-
-/// An edge stand-in on `port` whose `/v1/fence` answers 503
-/// `dispatcher_unavailable` to the first `failures` requests and then a
-/// grant; it counts the fence requests. Every other route is 404.
-async fn flaky_edge(port: u16, failures: usize) -> Arc<AtomicUsize> {
-    use axum::http::StatusCode;
-    use axum::routing::post;
-    let asked = Arc::new(AtomicUsize::new(0));
-    let count = asked.clone();
-    let app = axum::Router::new().route(
-        "/v1/fence",
-        post(move || {
-            let count = count.clone();
-            async move {
-                let n = count.fetch_add(1, Ordering::SeqCst);
-                if n < failures {
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        axum::Json(json!({"error": "dispatcher_unavailable"})),
-                    )
-                } else {
-                    (
-                        StatusCode::OK,
-                        axum::Json(json!({
-                            "granted": true, "first": n == failures, "epoch": 3,
-                            "command_id": "5b3e2a2e-8f0c-5d1e-9a3b-0c1d2e3f4a5b",
-                            "media_token": "v1.m1.x.y", "granted_at": "2026-12-02T12:00:00.000Z"
-                        })),
-                    )
-                }
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    asked
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,38 +5,11 @@
 //! with 400 `option_not_allowed` before the fence is asked or Telnyx is
 //! called, and a dial uses the configured `[telnyx] connection_id`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use serde_json::{json, Value};
 
 use crate::common::*;
-
-/// An edge stand-in on `port` that grants every fence and counts the
-/// fence requests (any other route is 404).
-async fn granting_edge(port: u16) -> Arc<AtomicUsize> {
-    let asked = Arc::new(AtomicUsize::new(0));
-    let count = asked.clone();
-    let app = axum::Router::new().route(
-        "/v1/fence",
-        axum::routing::post(move || {
-            let count = count.clone();
-            async move {
-                count.fetch_add(1, Ordering::SeqCst);
-                axum::Json(json!({
-                    "granted": true, "first": true, "epoch": 3,
-                    "command_id": "5b3e2a2e-8f0c-5d1e-9a3b-0c1d2e3f4a5b",
-                    "media_token": "v1.m1.x.y", "granted_at": "2026-12-02T12:00:00.000Z"
-                }))
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    asked
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_with_a_webhook_url_is_refused_before_the_fence() {
@@ -44,7 +17,7 @@ async fn an_answer_with_a_webhook_url_is_refused_before_the_fence() {
     let telnyx = FakeTelnyx::start();
     let mut n = node(&Keys::new(), &app_url, Some(&telnyx.url));
     n.set_mode("active");
-    let edge = granting_edge(n.edge_port).await;
+    let edge = flaky_edge(n.edge_port, 0).await;
     n.start().await;
     let call = json!({"call_control_id": "v3:c1", "call_session_id": "s1", "epoch": 3});
     for (option, value) in [

@@ -494,3 +494,42 @@ impl Drop for FakeTelnyx {
         let _ = self.child.wait();
     }
 }
+
+/// An edge stand-in on `port` whose `/v1/fence` answers 503
+/// `dispatcher_unavailable` to the first `failures` requests and then a
+/// grant; it counts the fence requests. Every other route is 404.
+pub async fn flaky_edge(port: u16, failures: usize) -> Arc<AtomicUsize> {
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    let asked = Arc::new(AtomicUsize::new(0));
+    let count = asked.clone();
+    let app = axum::Router::new().route(
+        "/v1/fence",
+        post(move || {
+            let count = count.clone();
+            async move {
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                if n < failures {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        axum::Json(json!({"error": "dispatcher_unavailable"})),
+                    )
+                } else {
+                    (
+                        StatusCode::OK,
+                        axum::Json(json!({
+                            "granted": true, "first": n == failures, "epoch": 3,
+                            "command_id": "5b3e2a2e-8f0c-5d1e-9a3b-0c1d2e3f4a5b",
+                            "media_token": "v1.m1.x.y", "granted_at": "2026-12-02T12:00:00.000Z"
+                        })),
+                    )
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    asked
+}
