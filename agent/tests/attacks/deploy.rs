@@ -170,10 +170,6 @@ fn own_user_name() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn am_root() -> bool {
-    own_user_name() == "root"
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pull_requests_commit_is_refused_and_nothing_is_built() {
     // The development opt-out, so that only the branch check stands

@@ -34,20 +34,47 @@ pub fn now_ms() -> i64 {
 
 /// Where test state may live: the target's tmp dir, unless the checkout
 /// itself sits on a volatile path (`/tmp`, `/var/tmp`, `/dev/shm`), which the
-/// agent refuses for a state directory; then `~/.cache/callfence-tests`.
+/// agent refuses for a state directory, or (as root) behind a directory that
+/// other users cannot search, such as a clone in `/root`: the attack tests
+/// run the agent's CLI and a deploy's build as `nobody`, who must reach the
+/// state and release directories to meet the checks under test. Then
+/// `/var/lib/callfence-tests` as root, `~/.cache/callfence-tests` otherwise.
 pub fn durable_root() -> PathBuf {
     let target = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let resolved = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
     let volatile = ["/tmp", "/var/tmp", "/dev/shm"]
         .iter()
         .any(|v| target.starts_with(v) || resolved.starts_with(v));
-    if !volatile {
+    let root = am_root();
+    if !volatile && (!root || others_can_search(&resolved)) {
         return target.to_path_buf();
+    }
+    if root {
+        return PathBuf::from("/var/lib/callfence-tests");
     }
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/root"));
     home.join(".cache").join("callfence-tests")
+}
+
+/// True when this process runs as root.
+pub fn am_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// True when every directory from `/` down to `dir` lets other users search
+/// it (the `o+x` bit).
+fn others_can_search(dir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    dir.ancestors().all(|a| {
+        std::fs::metadata(a)
+            .map(|m| m.permissions().mode() & 0o001 != 0)
+            .unwrap_or(false)
+    })
 }
 
 /// A fresh directory under [`durable_root`].
