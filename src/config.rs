@@ -190,7 +190,7 @@ pub struct Config {
 }
 
 /// The `CALLFENCE_TEST_*` variables: shorter background timing and a fault
-/// switch, for tests only (README, "Test-only variables"). Each is a
+/// switch, for tests only (docs/operations.md, "Test-only timing variables"). Each is a
 /// positive decimal; anything else is ignored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TestSwitches {

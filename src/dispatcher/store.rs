@@ -8,7 +8,7 @@
 //! side parses. Going through workers-rs's cursor instead costs a crossing
 //! per row and several per column (iterator, `done`, `value`, one type test
 //! after another), which made SQL the largest share of the Dispatcher's
-//! time per webhook (see the README's benchmarks).
+//! time per webhook (see docs/performance.md).
 //!
 //! # Value mapping
 //!
@@ -37,7 +37,7 @@
 //! `CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES=N` makes every atomic unit fail at
 //! its (N+1)-th writing statement, so an end-to-end test can show that a
 //! unit which fails half-way leaves nothing behind. Never set it in a
-//! deployment (README, "Test-only variables").
+//! deployment (docs/operations.md, "Test-only timing variables").
 
 use callfence_core::store::{Row, Store, StoreError, Value};
 use callfence_core::MAX_SAFE_INTEGER;

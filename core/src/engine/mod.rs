@@ -84,7 +84,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 /// Timing of the Dispatcher's background work. The defaults are the
-/// contract's; tests may shorten them (documented as test-only in the README).
+/// contract's; tests may shorten them (documented as test-only in docs/operations.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timing {
     /// How long a parked event is re-evaluated before it is rejected (10 s).
