@@ -79,18 +79,6 @@ pub fn peer_allowed(peer_uid: u32, own_uid: u32) -> bool {
     peer_uid == own_uid || peer_uid == 0
 }
 
-/// This process's effective user id (`/proc/self/status`).
-pub fn own_uid() -> Result<u32, AgentError> {
-    let status = std::fs::read_to_string("/proc/self/status")
-        .map_err(|e| AgentError::new(format!("cannot read /proc/self/status: {e}")))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1))
-        .and_then(|euid| euid.parse().ok())
-        .ok_or_else(|| AgentError::new("/proc/self/status has no effective uid"))
-}
-
 /// Creates the socket (0600, replacing a stale one) before it is visible
 /// under its name.
 pub fn bind(state_dir: &Path) -> Result<UnixListener, AgentError> {
@@ -228,18 +216,6 @@ mod tests {
         assert!(!peer_allowed(1001, 1000));
         assert!(peer_allowed(0, 0));
         assert!(!peer_allowed(1000, 0));
-    }
-
-    #[test]
-    fn the_own_uid_is_read() {
-        let uid = own_uid().unwrap();
-        let dir = crate::files::test_dir("uid");
-        use std::os::unix::fs::MetadataExt;
-        assert_eq!(
-            uid,
-            std::fs::metadata(&dir).unwrap().uid(),
-            "the owner of what it creates"
-        );
     }
 
     #[tokio::test]

@@ -182,7 +182,7 @@ async fn spawn(
 /// by the agent's own user: its configuration could have been written by
 /// someone else, and git would run what it names as the agent.
 pub fn owned_by_agent(dir: &Path) -> Result<(), String> {
-    let me = identity::own().map_err(|e| format!("cannot tell the agent's own user: {e}"))?;
+    let me = identity::own()?;
     let top = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let dot_git = dir.join(".git");
     let git = std::fs::symlink_metadata(&dot_git).map_err(|e| match e.kind() {

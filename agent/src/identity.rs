@@ -24,9 +24,11 @@ impl Ids {
     }
 }
 
-/// The agent's effective user and group.
-pub fn own() -> std::io::Result<Ids> {
-    let meta = std::fs::metadata("/proc/self")?;
+/// The agent's effective user and group; the error says what could not be
+/// told, in words.
+pub fn own() -> Result<Ids, String> {
+    let meta = std::fs::metadata("/proc/self")
+        .map_err(|e| format!("cannot tell the agent's own user: {e}"))?;
     Ok(Ids {
         uid: meta.uid(),
         gid: meta.gid(),

@@ -50,7 +50,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let cfg = &agent.config;
     let reading = mode::read(&cfg.state_dir);
     let token = LocalToken::load_or_create(&cfg.state_dir)?;
-    let own_uid = control::own_uid()?;
+    let own_uid = crate::identity::own().map_err(AgentError::new)?.uid;
     let origin = bind(cfg.listen_origin, "origin proxy").await?;
     let local = bind(cfg.listen_local, "local API").await?;
     let local_addr = local

@@ -95,7 +95,7 @@ pub async fn resolve(config: &Config, cfg: &DeployConfig) -> Result<Runner, Stri
         }
         return Err("no deploy.build_user: the build and restart would run as the agent and could read its keys; name an account that cannot (build_can_read_keys = true opts out, for development only)".into());
     };
-    let me = identity::own().map_err(|e| format!("cannot tell the agent's own user: {e}"))?;
+    let me = identity::own()?;
     let account = identity::account(name).await?;
     let via = if account.ids.uid == me.uid {
         Via::Same
@@ -219,7 +219,7 @@ impl Runner {
         else {
             return Ok(None);
         };
-        let me = identity::own().map_err(|e| format!("cannot tell the agent's own user: {e}"))?;
+        let me = identity::own()?;
         let git = std::fs::symlink_metadata(dir.join(".git")).map_err(|e| format!(".git: {e}"))?;
         walk(dir, &mut |path, _| {
             if path.parent() == Some(dir) && path.file_name() == Some(".git".as_ref()) {
