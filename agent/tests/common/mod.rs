@@ -60,10 +60,7 @@ pub fn durable_root() -> PathBuf {
 
 /// True when this process runs as root.
 pub fn am_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+    callfence_agent::identity::own().is_ok_and(|me| me.is_root())
 }
 
 /// True when every directory from `/` down to `dir` lets other users search
