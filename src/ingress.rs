@@ -96,19 +96,26 @@ pub async fn handle(
         webhook.received_at_ms + i64::from(config.forward_timeout_ms) + ANSWER_MARGIN_MS;
     let left_ms = (answer_by - now_ms()).max(1) as u64;
     let deadline = Delay::from(Duration::from_millis(left_ms));
-    match select(Box::pin(decide(env, ctx, config, webhook, log)), deadline).await {
+    match select(
+        Box::pin(decide(env, ctx, config, webhook, answer_by, log)),
+        deadline,
+    )
+    .await
+    {
         Either::Left((answer, _)) => answer,
         Either::Right(_) => Err(ApiError::dispatcher_unavailable()),
     }
 }
 
 /// The Dispatcher's decision on a webhook, and for a version 1 Dispatcher
-/// the forwards and reports it asks of the Worker.
+/// the forwards and reports it asks of the Worker; the Dispatcher call itself
+/// is given up at `answer_by` too, the deadline [`handle`] answers by.
 async fn decide(
     env: &Env,
     ctx: &Context,
     config: &IngressConfig,
     webhook: Webhook,
+    answer_by: i64,
     log: &mut RequestLog,
 ) -> Result<Answer, ApiError> {
     let budget = i64::from(config.forward_timeout_ms);
@@ -118,7 +125,7 @@ async fn decide(
         headers: webhook.headers,
         received_at_ms: Some(received_at),
     };
-    let deadline = (received_at + budget + ANSWER_MARGIN_MS - now_ms()).max(1);
+    let deadline = (answer_by - now_ms()).max(1);
     let asked = now_ms();
     let (env_owned, body) = (env.clone(), webhook.body);
     let (mut outcome, _) = run_detached(ctx, async move {
