@@ -66,7 +66,7 @@ impl Agent {
                 )
             })
             .transpose()?;
-        let last_beat = Mutex::new(crate::status::load(&config.state_dir));
+        let last_beat = Mutex::new(crate::heartbeat::load(&config.state_dir));
         Ok(Arc::new(Agent {
             config,
             http,

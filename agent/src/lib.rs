@@ -14,6 +14,7 @@
 //! - [`log`]: one JSON line per event on stderr; never a secret or a body.
 //! - [`files`]: durable small files (temp file, fsync, rename) and permission checks.
 //! - [`net`]: the shared HTTP client and bounded body reads.
+//! - [`duration`]: durations as operators type them (`30m`, `90s`).
 //!
 //! What the node is:
 //! - [`config`]: the TOML configuration and its validation.
@@ -64,6 +65,7 @@ pub mod context;
 pub mod control;
 pub mod deploy;
 pub mod drain;
+pub mod duration;
 pub mod edge;
 pub mod files;
 pub mod git;

@@ -274,7 +274,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode, AgentError> {
         }
         Command::Drain { deadline, shed } => {
             let config = config::load(&cli.config)?;
-            let deadline = drain::parse_duration(&deadline)?;
+            let deadline = callfence_agent::duration::parse(&deadline)?;
             let report = runtime()?.block_on(drain::drain(&config, deadline, shed))?;
             println!(
                 "{}",

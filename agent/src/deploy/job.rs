@@ -181,7 +181,7 @@ fn request(body: &Value, with_sha: bool) -> Result<Request, String> {
     };
     let shed = body.get("shed").and_then(Value::as_bool).unwrap_or(false);
     let deadline = match body.get("deadline").and_then(Value::as_str) {
-        Some(d) => Some(crate::drain::parse_duration(d).map_err(|e| e.0)?),
+        Some(d) => Some(crate::duration::parse(d).map_err(|e| e.0)?),
         None => None,
     };
     Ok(Request {
