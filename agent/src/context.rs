@@ -11,10 +11,10 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::edge::EdgeClient;
+use crate::forward::Delivery;
 use crate::heartbeat::BeatRecord;
 use crate::keys::KeyRing;
 use crate::ledger::Ledger;
-use crate::proxy::Delivery;
 use crate::telnyx_api::TelnyxApi;
 use crate::AgentError;
 

@@ -33,12 +33,18 @@
 //!
 //! Serving:
 //! - [`ledger`]: the durable webhook ledger (`received` → `completed`).
-//! - [`proxy`]: the origin proxy `POST /callfence/telnyx`.
+//! - [`forward`]: the origin proxy's decisions: admit or refuse a forward,
+//!   what the ledger's entry says, what completes an event.
+//! - [`proxy`]: the origin proxy `POST /callfence/telnyx`, translating
+//!   HTTP, the ledger and the app to and from [`forward`].
 //! - [`serve`]: both listeners' bounds: open connections, read timeouts,
 //!   the open-file budget.
 //! - [`local_auth`]: who may call the local API: Origin, Host, JSON, the
 //!   bearer token in `state_dir/local-api.token`.
-//! - [`local_api`]: the loopback API for the voice app (`/local/*`, probes).
+//! - [`fence`]: the local API's decisions: an answer request, the fence
+//!   reply, Telnyx's answer after a grant, a dial's claim, the media check.
+//! - [`local_api`]: the loopback API for the voice app (`/local/*`, probes),
+//!   translating HTTP, the edge and Telnyx to and from [`fence`].
 //! - [`telnyx_options`]: the Telnyx answer and dial options a caller may pass.
 //! - [`control`]: the Unix control socket the `deploy`, `rollback` and `job`
 //!   commands use (the agent's own user or root only).
@@ -67,7 +73,9 @@ pub mod deploy;
 pub mod drain;
 pub mod duration;
 pub mod edge;
+pub mod fence;
 pub mod files;
+pub mod forward;
 pub mod git;
 pub mod heartbeat;
 pub mod identity;
