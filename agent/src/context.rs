@@ -38,7 +38,7 @@ pub struct Agent {
     /// Deliveries to the app in flight, by event id: duplicates wait on these.
     pub inflight: Mutex<HashMap<String, watch::Receiver<Option<Delivery>>>>,
     /// The deploy job slot (one deploy, rollback or recovery at a time).
-    pub deploy: crate::deploy::job::Slot,
+    pub deploy: crate::deploy::slot::Slot,
 }
 
 impl Agent {
@@ -76,7 +76,7 @@ impl Agent {
             telnyx,
             last_beat,
             inflight: Mutex::new(HashMap::new()),
-            deploy: crate::deploy::job::Slot::default(),
+            deploy: crate::deploy::slot::Slot::default(),
         }))
     }
 

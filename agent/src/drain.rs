@@ -41,11 +41,14 @@ pub struct DrainReport {
     pub waited_s: u64,
 }
 
-/// Runs the drain.
+/// Runs the drain; `progress` hears, after each look at the app while it
+/// waits, how many calls the app holds (`None`: it did not say) and the
+/// time left before the deadline.
 pub async fn drain(
     config: &Config,
     deadline: Duration,
     shed: bool,
+    progress: impl Fn(Option<u32>, Duration),
 ) -> Result<DrainReport, AgentError> {
     let http = net::client()?;
     let telnyx = if shed {
@@ -90,6 +93,10 @@ pub async fn drain(
         if Instant::now() + poll > until {
             break;
         }
+        progress(
+            last.as_ref().map(|s| s.active_calls),
+            until.saturating_duration_since(Instant::now()),
+        );
         tokio::time::sleep(poll).await;
     }
     let mut remaining: BTreeSet<String> = last

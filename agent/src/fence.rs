@@ -261,8 +261,10 @@ mod tests {
 
     #[test]
     fn an_answer_request_needs_ids_a_positive_epoch_and_allowed_options() {
-        let ok = answer_request(br#"{"call_control_id":"c","call_session_id":"s","epoch":"7","client_state":"x"}"#)
-            .unwrap();
+        let ok = answer_request(
+            br#"{"call_control_id":"c","call_session_id":"s","epoch":"7","client_state":"x"}"#,
+        )
+        .unwrap();
         assert_eq!(ok.epoch, 7);
         assert_eq!(ok.options.keys().collect::<Vec<_>>(), ["client_state"]);
         for bad in [
@@ -272,7 +274,12 @@ mod tests {
             br#"{"call_control_id":"c","call_session_id":"s","epoch":1,"webhook_url":"http://x"}"#,
         ] {
             let (status, _) = answer_request(bad).unwrap_err();
-            assert_eq!(status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                status,
+                StatusCode::BAD_REQUEST,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
@@ -310,12 +317,21 @@ mod tests {
         let codes = vec!["90018".to_string()];
         let reply = |status, body| Ok(Reply { status, body });
         let ((s, body), outcome) = answered(&g, &reply(200, json!({})), &codes);
-        assert_eq!((s, outcome, body["answered"].clone()), (StatusCode::OK, "answered", json!(true)));
+        assert_eq!(
+            (s, outcome, body["answered"].clone()),
+            (StatusCode::OK, "answered", json!(true))
+        );
         let already = reply(422, json!({"errors": [{"code": "90018"}]}));
         let ((s, body), _) = answered(&g, &already, &codes);
-        assert_eq!((s, body["already_answered"].clone()), (StatusCode::OK, json!(true)));
+        assert_eq!(
+            (s, body["already_answered"].clone()),
+            (StatusCode::OK, json!(true))
+        );
         let ((s, body), _) = answered(&g, &reply(422, json!({"errors": []})), &codes);
-        assert_eq!((s, body["answered"].clone()), (StatusCode::BAD_GATEWAY, json!(false)));
+        assert_eq!(
+            (s, body["answered"].clone()),
+            (StatusCode::BAD_GATEWAY, json!(false))
+        );
         let ((s, _), _) = answered(&g, &Err("timeout".into()), &codes);
         assert_eq!(s, StatusCode::GATEWAY_TIMEOUT);
     }
@@ -323,14 +339,23 @@ mod tests {
     #[test]
     fn a_claim_is_claimed_refused_or_asked_again() {
         assert_eq!(
-            claim_verdict(&edge(200, json!({"claimed": true, "call_session_id": "s", "epoch": 4}))),
+            claim_verdict(&edge(
+                200,
+                json!({"claimed": true, "call_session_id": "s", "epoch": 4})
+            )),
             ClaimVerdict::Claimed(4)
         );
         assert_eq!(
             claim_verdict(&edge(409, json!({}))),
             ClaimVerdict::Refused("claim_refused")
         );
-        assert!(matches!(claim_verdict(&edge(503, json!({}))), ClaimVerdict::Again(_)));
-        assert!(matches!(claim_verdict(&Err("x".into())), ClaimVerdict::Again(_)));
+        assert!(matches!(
+            claim_verdict(&edge(503, json!({}))),
+            ClaimVerdict::Again(_)
+        ));
+        assert!(matches!(
+            claim_verdict(&Err("x".into())),
+            ClaimVerdict::Again(_)
+        ));
     }
 }

@@ -241,15 +241,16 @@ mod tests {
     const NOW: i64 = 1_800_000_000_000;
 
     fn event(id: &str, event_type: &str) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({"data": {"id": id, "event_type": event_type,
-            "payload": {"call_session_id": "s1", "call_control_id": "c1"}}}))
+        serde_json::to_vec(
+            &serde_json::json!({"data": {"id": id, "event_type": event_type,
+            "payload": {"call_session_id": "s1", "call_control_id": "c1"}}}),
+        )
         .unwrap()
     }
 
     /// A webhook for `body` as the edge forwards it, asserted for `event_id`.
     fn signed(body: &[u8], event_id: &str, telnyx_signed: bool) -> HeaderMap {
-        let claims =
-            assertion::claims_for("M3", "s1", Some("c1"), event_id, 7, 1, body, NOW);
+        let claims = assertion::claims_for("M3", "s1", Some("c1"), event_id, 7, 1, body, NOW);
         let mut h = HeaderMap::new();
         let header = assertion::mint("e1", &key(), &claims);
         h.insert(assertion::HEADER, HeaderValue::from_str(&header).unwrap());
@@ -262,7 +263,10 @@ mod tests {
         } else {
             b64_encode(&[0u8; 64])
         };
-        h.insert("telnyx-signature-ed25519", HeaderValue::from_str(&sig).unwrap());
+        h.insert(
+            "telnyx-signature-ed25519",
+            HeaderValue::from_str(&sig).unwrap(),
+        );
         h.insert("telnyx-timestamp", HeaderValue::from_str(&ts).unwrap());
         h.insert("callfence-epoch", HeaderValue::from_static("999"));
         h
@@ -299,8 +303,10 @@ mod tests {
 
     #[test]
     fn a_webhook_assertion_never_admits_a_probe_body() {
-        let body = serde_json::to_vec(&serde_json::json!({"data": {"event_type": "callfence.probe",
-            "id": "n".repeat(32), "payload": {"node": "M3"}}}))
+        let body = serde_json::to_vec(
+            &serde_json::json!({"data": {"event_type": "callfence.probe",
+            "id": "n".repeat(32), "payload": {"node": "M3"}}}),
+        )
         .unwrap();
         let h = signed(&body, &"n".repeat(32), true);
         assert!(matches!(
@@ -388,7 +394,10 @@ mod tests {
     #[test]
     fn the_app_verdict_keeps_the_answer_or_says_why_not() {
         let ok = app_verdict(200, Some("application/json".into()), Ok(b"{}".to_vec()));
-        assert_eq!(ok.unwrap().content_type.as_deref(), Some("application/json"));
+        assert_eq!(
+            ok.unwrap().content_type.as_deref(),
+            Some("application/json")
+        );
         assert_eq!(
             app_verdict(503, None, Ok(b"{}".to_vec())),
             Err((Some(503), "app_status".into()))

@@ -21,9 +21,9 @@ use serde_json::{json, Value};
 use crate::clock::now_ms;
 use crate::config::{Config, LinesSource};
 use crate::edge::EdgeClient;
+use crate::files::write_atomic;
 use crate::keys::KeyRing;
 use crate::mode::{self, NodeMode};
-use crate::files::write_atomic;
 use crate::{git, probe, seq, AGENT_VERSION};
 
 /// The edge route beats go to.

@@ -107,7 +107,10 @@ async fn answer(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
                 FenceVerdict::Granted(_) => {}
             }
             return reply(refused.refusal().unwrap_or_else(|| {
-                (StatusCode::BAD_GATEWAY, json!({"answered": false, "reason": "fence_unavailable"}))
+                (
+                    StatusCode::BAD_GATEWAY,
+                    json!({"answered": false, "reason": "fence_unavailable"}),
+                )
             }));
         }
     };
@@ -115,8 +118,7 @@ async fn answer(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
     options.insert("command_id".into(), Value::String(grant.command_id.clone()));
     let result = telnyx.answer(ccid, &Value::Object(options)).await;
     note_open_leg(&agent, ccid, session).await;
-    let (verdict, outcome) =
-        fence::answered(&grant, &result, &agent.config.already_answered_codes);
+    let (verdict, outcome) = fence::answered(&grant, &result, &agent.config.already_answered_codes);
     let fields = json!({"call_session_id": session, "call_control_id": ccid, "epoch": epoch, "outcome": outcome});
     match &result {
         Ok(_) if verdict.0 == StatusCode::OK => crate::log::info("call_answered", fields),

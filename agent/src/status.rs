@@ -1,7 +1,6 @@
 //! The node's own view (`status` command), built from a fresh observation
 //! and the persisted last-beat record ([`crate::heartbeat::load`]).
 
-
 use serde_json::{json, Value};
 
 use crate::config::Config;

@@ -85,7 +85,13 @@ pub async fn connector(agent: &Agent, budget: Duration) -> Result<String, String
 /// to the origin timed out or met a network error, as a connection closed
 /// under it can); an answer of the app's own (a status, a body, a nonce or
 /// a SHA that is not the release's) is its verdict and ends the step.
-pub async fn l5(agent: &Agent, sha: &str, budget: Duration) -> Result<String, String> {
+/// `waiting` hears how long a wait for the rate limit will be, first.
+pub async fn l5(
+    agent: &Agent,
+    sha: &str,
+    budget: Duration,
+    waiting: impl Fn(Duration),
+) -> Result<String, String> {
     let until = Instant::now() + budget;
     loop {
         let nonce = nonce()?;
@@ -95,7 +101,9 @@ pub async fn l5(agent: &Agent, sha: &str, budget: Duration) -> Result<String, St
             .post_signed(agent.keys.current(), "/v1/nodes/probe", body, now_ms())
             .await
             .map(|r| (r.status, r.body));
-        let (wait, seen) = match judge_l5(reply, sha) {
+        let verdict = judge_l5(reply, sha);
+        let limited = matches!(verdict, L5::RateLimited(_));
+        let (wait, seen) = match verdict {
             L5::Passed(detail) => return Ok(detail),
             L5::Failed(e) => return Err(e),
             L5::RateLimited(wait) => (
@@ -106,6 +114,9 @@ pub async fn l5(agent: &Agent, sha: &str, budget: Duration) -> Result<String, St
         };
         if Instant::now() + wait >= until {
             return Err(seen);
+        }
+        if limited {
+            waiting(wait);
         }
         tokio::time::sleep(wait).await;
     }
