@@ -70,13 +70,15 @@ pub async fn run(state_dir: &Path, request: Value, json_out: bool) -> Result<Exi
             "lost the agent mid-deploy: it finishes the restore from the journal when it starts again; see `releases` and `status`",
         )
     };
+    let job = json!({"op": "job"});
     let began = Instant::now();
     let mut printer = Printer::default();
     let mut silent_since = Instant::now();
     loop {
         tokio::time::sleep(POLL).await;
-        let view = match crate::control::ask(state_dir, &json!({"op": "job"})).await {
-            Ok((200, v)) => serde_json::from_value::<JobView>(v).ok(),
+        let asked = crate::control::ask(state_dir, &job);
+        let view = match tokio::time::timeout(CLIENT_PATIENCE, asked).await {
+            Ok(Ok((200, v))) => serde_json::from_value::<JobView>(v).ok(),
             _ => None,
         };
         let Some(view) = view else {

@@ -46,7 +46,8 @@ pub fn progress_line(step: &str, note: &str) -> String {
 /// The drain's progress: how many calls the app still holds and the time
 /// left before the deadline.
 pub fn drain_note(active_calls: Option<u32>, left: Duration) -> String {
-    let left = left.as_secs();
+    // Rounded up: "0 s left" would read as over while it is not.
+    let left = left.as_millis().div_ceil(1000);
     match active_calls {
         Some(1) => format!("draining: 1 call up, {left} s left"),
         Some(n) => format!("draining: {n} calls up, {left} s left"),
@@ -88,10 +89,16 @@ pub fn final_line(out: &Outcome) -> String {
         );
     }
     if !out.switched {
-        return format!(
-            "{failed}. Nothing was switched: {live} is still live, not restarted (mode {}).",
-            out.mode
-        );
+        return match &out.live {
+            Some(live) => format!(
+                "{failed}. Nothing was switched: {live} is still live, not restarted (mode {}).",
+                out.mode
+            ),
+            None => format!(
+                "{failed}. Nothing was switched (no release was live; mode {}).",
+                out.mode
+            ),
+        };
     }
     let restore = out
         .steps
@@ -197,12 +204,16 @@ mod tests {
     #[test]
     fn waits_say_what_they_wait_for() {
         assert_eq!(
-            drain_note(Some(1), Duration::from_millis(21_400)),
+            drain_note(Some(1), Duration::from_millis(20_400)),
             "draining: 1 call up, 21 s left"
         );
         assert_eq!(
             drain_note(Some(3), Duration::from_secs(5)),
             "draining: 3 calls up, 5 s left"
+        );
+        assert_eq!(
+            drain_note(None, Duration::from_millis(200)),
+            "draining: the app does not say how many calls are up, 1 s left"
         );
         assert_eq!(
             probe_limit_note(Duration::from_secs(4)),
