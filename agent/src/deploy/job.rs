@@ -6,7 +6,7 @@
 //!   `{"op":"rollback","shed"?,"deadline"?}`: 202 `{"id","pid"}` once the job
 //!   runs in the agent; 409 `deploy_in_progress` while one runs; 404
 //!   `deploy_not_configured` without a `[deploy]` table.
-//! - `{"op":"job"}`: the latest job: `{"pid","id","kind","steps":[...],"result":Outcome|null}`,
+//! - `{"op":"job"}`: the latest job: `{"pid","id","kind","steps":[...],"waiting":{"step","note"}|null,"result":Outcome|null}`,
 //!   404 `no_deploy` before the first.
 //!
 //! The job runs in a task of the agent, not of the request: a client that
