@@ -99,11 +99,9 @@ pub fn transient(reply: &Result<EdgeReply, String>) -> bool {
     }
 }
 
-/// What the edge's final fence reply means.
-#[derive(Debug, Clone, PartialEq)]
-pub enum FenceVerdict {
-    /// Granted: answer with its `command_id`.
-    Granted(FenceGrant),
+/// Why no fence was granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoFence {
     /// Refused (stale epoch, not the owner...): 409, Telnyx is never called.
     Refused(&'static str),
     /// No usable answer: 502, the voice app decides.
@@ -115,49 +113,47 @@ pub enum FenceVerdict {
     },
 }
 
-/// Reads the edge's final fence reply. A refusal this version cannot read
-/// is still a refusal; a grant it cannot read is not a grant.
-pub fn fence_verdict(reply: &Result<EdgeReply, String>) -> FenceVerdict {
+/// Reads the edge's final fence reply: the grant, or why there is none. A
+/// refusal this version cannot read is still a refusal; a grant it cannot
+/// read is not a grant.
+pub fn fence_verdict(reply: &Result<EdgeReply, String>) -> Result<FenceGrant, NoFence> {
     match reply {
-        Err(e) => FenceVerdict::Unavailable {
+        Err(e) => Err(NoFence::Unavailable {
             edge_status: None,
             why: e.clone(),
-        },
+        }),
         Ok(r) if r.status == 200 => match r.decode::<FenceGrant>() {
-            Some(grant) if grant.granted && grant.command_id.len() == 36 => {
-                FenceVerdict::Granted(grant)
-            }
-            _ => FenceVerdict::Unavailable {
+            Some(grant) if grant.granted && grant.command_id.len() == 36 => Ok(grant),
+            _ => Err(NoFence::Unavailable {
                 edge_status: Some(r.status),
                 why: "unexpected_answer".into(),
-            },
+            }),
         },
-        Ok(r) if r.status == 409 => FenceVerdict::Refused(
+        Ok(r) if r.status == 409 => Err(NoFence::Refused(
             r.decode::<FenceRefused>()
                 .map_or("fence_refused", |f| f.reason.code()),
-        ),
-        Ok(r) => FenceVerdict::Unavailable {
+        )),
+        Ok(r) => Err(NoFence::Unavailable {
             edge_status: Some(r.status),
             why: r.error_code().unwrap_or("?").to_string(),
-        },
+        }),
     }
 }
 
-impl FenceVerdict {
-    /// The reply to the voice app when the fence was not granted.
-    pub fn refusal(&self) -> Option<Verdict> {
+impl NoFence {
+    /// The reply to the voice app.
+    pub fn reply(&self) -> Verdict {
         match self {
-            FenceVerdict::Granted(_) => None,
-            FenceVerdict::Refused(reason) => Some((
+            NoFence::Refused(reason) => (
                 StatusCode::CONFLICT,
                 json!({"answered": false, "reason": reason}),
-            )),
-            FenceVerdict::Unavailable { edge_status, .. } => {
+            ),
+            NoFence::Unavailable { edge_status, .. } => {
                 let mut body = json!({"answered": false, "reason": "fence_unavailable"});
                 if let Some(status) = edge_status {
                     body["edge_status"] = json!(status);
                 }
-                Some((StatusCode::BAD_GATEWAY, body))
+                (StatusCode::BAD_GATEWAY, body)
             }
         }
     }
@@ -296,19 +292,18 @@ mod tests {
 
     #[test]
     fn the_fence_is_granted_refused_or_unavailable() {
-        assert!(matches!(
-            fence_verdict(&edge(200, grant())),
-            FenceVerdict::Granted(_)
-        ));
+        assert!(fence_verdict(&edge(200, grant())).is_ok());
         let mut short = grant();
         short["command_id"] = json!("short");
-        let v = fence_verdict(&edge(200, short));
-        assert_eq!(v.refusal().unwrap().0, StatusCode::BAD_GATEWAY);
-        let refused = fence_verdict(&edge(409, json!({"granted": false, "reason": "what?"})));
-        assert_eq!(refused, FenceVerdict::Refused("fence_refused"));
-        assert_eq!(refused.refusal().unwrap().0, StatusCode::CONFLICT);
-        let down = fence_verdict(&edge(503, json!({"error": "dispatcher_unavailable"})));
-        assert_eq!(down.refusal().unwrap().1["edge_status"], 503);
+        let v = fence_verdict(&edge(200, short)).unwrap_err();
+        assert_eq!(v.reply().0, StatusCode::BAD_GATEWAY);
+        let refused =
+            fence_verdict(&edge(409, json!({"granted": false, "reason": "what?"}))).unwrap_err();
+        assert_eq!(refused, NoFence::Refused("fence_refused"));
+        assert_eq!(refused.reply().0, StatusCode::CONFLICT);
+        let down =
+            fence_verdict(&edge(503, json!({"error": "dispatcher_unavailable"}))).unwrap_err();
+        assert_eq!(down.reply().1["edge_status"], 503);
     }
 
     #[test]

@@ -70,7 +70,7 @@ fn refused(reason: &'static str, event_id: Option<&str>) -> Admission {
 
 /// Checks a forward: its assertion (probe or webhook, never one for the
 /// other), the Telnyx signature of a webhook, and that the body's event is
-/// the asserted one. `header(name)` reads a request header.
+/// the asserted one.
 pub fn admit(cfg: &Config, headers: &HeaderMap, body: &[u8], now: i64) -> Admission {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let Some(header) = text(assertion::HEADER) else {

@@ -50,7 +50,7 @@ use callfence_core::wire::{ClaimRequest, FenceRequest, MediaVerifyRequest};
 use crate::clock::now_ms;
 use crate::context::Agent;
 use crate::edge::EdgeReply;
-use crate::fence::{self, ClaimVerdict, FenceVerdict, Verdict};
+use crate::fence::{self, ClaimVerdict, NoFence, Verdict};
 use crate::local_auth::{guard, Gate};
 use crate::mode::{self, NodeMode};
 use crate::telnyx_options;
@@ -93,25 +93,19 @@ async fn answer(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
     let (ccid, session, epoch) = (&req.call_control_id, &req.call_session_id, req.epoch);
     let fenced = ask_fence(&agent, &FenceRequest::answer(session, ccid, epoch)).await;
     let grant = match fence::fence_verdict(&fenced) {
-        FenceVerdict::Granted(grant) => grant,
-        refused => {
-            match &refused {
-                FenceVerdict::Refused(reason) => crate::log::warn(
+        Ok(grant) => grant,
+        Err(no) => {
+            match &no {
+                NoFence::Refused(reason) => crate::log::warn(
                     "fence_refused",
                     json!({"call_session_id": session, "epoch": epoch, "reason": reason}),
                 ),
-                FenceVerdict::Unavailable { edge_status, why } => crate::log::warn(
+                NoFence::Unavailable { edge_status, why } => crate::log::warn(
                     "fence_unavailable",
                     json!({"call_session_id": session, "epoch": epoch, "edge_status": edge_status, "reason": why}),
                 ),
-                FenceVerdict::Granted(_) => {}
             }
-            return reply(refused.refusal().unwrap_or_else(|| {
-                (
-                    StatusCode::BAD_GATEWAY,
-                    json!({"answered": false, "reason": "fence_unavailable"}),
-                )
-            }));
+            return reply(no.reply());
         }
     };
     let mut options = req.options.clone();
