@@ -28,7 +28,8 @@
 //!
 //! Talking to others:
 //! - [`edge`]: node-signed requests to the edge (§6).
-//! - [`heartbeat`]: building, signing and sending beats; the edge's verdict.
+//! - [`heartbeat`]: building, signing and sending beats; the edge's verdict,
+//!   kept as the last-beat record (`last_beat.json`).
 //! - [`telnyx_api`]: Telnyx Call Control commands with `command_id` resends.
 //!
 //! Serving:
@@ -51,10 +52,15 @@
 //! - [`context`]: the handles the running agent shares between its tasks.
 //! - [`run`]: the `run` command: servers, heartbeat loop, upkeep.
 //! - [`drain`]: the `drain` command.
-//! - [`status`]: the `status` command and the persisted last-beat record.
+//! - [`status`]: the `status` command.
 //! - [`deploy`]: clean deployment: `deploy --sha`, `rollback`, `releases`,
 //!   the journal and the automatic restore (SPEC §14).
 //! - [`notify`]: the systemd notify protocol and watchdog pings.
+//!
+//! Decisions are plain functions without I/O, unit-tested where they live
+//! ([`forward`], [`fence`], [`deploy::verdict`], [`deploy::report`]); the
+//! handlers, the deploy sequences and the commands translate to and from
+//! them. No two modules import each other, directly or in a circle.
 //!
 //! Binaries besides `callfence-agent` (in `src/bin/`): `callfence-demo-app`,
 //! a minimal voice app, `callfence-fake-telnyx`, the one fake Telnyx Call

@@ -2,7 +2,7 @@
 //! running agent over its control socket ([`crate::control`]) and print
 //! what it does, as [`super::report`] words it.
 //!
-//! The client asks for the job every [`POLL`]: each step's line is printed
+//! The client asks for the job every 200 ms: each step's line is printed
 //! as soon as the agent has recorded it, and a wait in progress every
 //! [`super::report::PROGRESS_EVERY`]. With `--json`, only the final
 //! [`super::Outcome`] is printed, as one line (the last line of stdout).
