@@ -58,16 +58,6 @@ pub enum AuthError {
     Forbidden,
 }
 
-impl AuthError {
-    /// Stable code: `unauthorized` or `forbidden`.
-    pub fn code(self) -> &'static str {
-        match self {
-            AuthError::Unauthorized => "unauthorized",
-            AuthError::Forbidden => "forbidden",
-        }
-    }
-}
-
 /// The configured tokens, kept as SHA-256 hex digests.
 #[derive(Debug, Clone)]
 pub struct Tokens {

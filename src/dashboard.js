@@ -102,6 +102,15 @@ function sameAttributes(a, b) {
 
 const chip = (text, kind) => el("span", { class: kind ? `chip ${kind}` : "chip" }, text);
 
+/** "1 open call", "2 open calls". */
+const plural = (n, word, words = `${word}s`) => `${n} ${n === 1 ? word : words}`;
+
+/** A phone number, node, line or call id: never broken across lines (cut
+ * with an ellipsis only where it is wider than its box; whole on hover). */
+const id = (text, { tag = "span", mono = false } = {}) =>
+  text == null ? el("span", { class: "muted" }, "—") : el(tag, { class: mono ? "id mono" : "id", title: text }, text);
+const number = (text) => id(text, { mono: true });
+
 /** "12 s", "4 m", "1 h 58 m", "2 d 3 h". */
 function span(ms) {
   const s = Math.max(0, Math.round(Math.abs(ms) / 1000));
@@ -145,7 +154,7 @@ function passedOver(map) {
   const entries = Object.entries(map || {});
   if (!entries.length) return el("span", { class: "muted" }, "—");
   return el("div", {}, entries.map(([node, codes]) =>
-    el("div", {}, el("b", {}, node), " passed over: ", codes.map(reasonEl))));
+    el("div", {}, id(node, { tag: "b" }), " passed over: ", codes.map(reasonEl))));
 }
 
 const shortSha = (sha) => (sha || "").slice(0, 12);
@@ -278,6 +287,18 @@ async function refreshPolicy(force) {
 
 // -------------------------------------------------------- routing guide ----
 
+/** What no node serves now, in words ("2 of 3 lines have no eligible node:
+ * their calls wait, then are rejected"), or null when every line (and, with
+ * no lines, the default node's calls) has an eligible node. */
+function unserved(s) {
+  const down = s.lines.filter((l) => !l.next_call_target).length;
+  if (down) {
+    return `${down} of ${plural(s.lines.length, "line")} ${down === 1 ? "has" : "have"} no eligible node: their calls wait, then are rejected`;
+  }
+  if (!s.lines.length && s.nodes.length && !s.nodes.some((n) => n.eligible)) return "no node is eligible: every call waits, then is rejected";
+  return null;
+}
+
 function renderStatus() {
   const s = view.status;
   if (!s) return;
@@ -287,7 +308,11 @@ function renderStatus() {
     banner.textContent = `Preview, not operative: ${s.nodes_revision == null ? "no node registry" : "no routing policy"} yet.`;
   } else if (!s.engine.operative) {
     banner.className = "banner warn";
-    banner.textContent = "Preview, not operative: no webhook has reached this deployment yet, so where calls would go is a prediction.";
+    banner.textContent = "Preview, not operative: no webhook has reached this deployment yet, so where calls would go is a prediction."
+      + (unserved(s) ? ` Now ${unserved(s)}.` : "");
+  } else if (unserved(s)) {
+    banner.className = "banner bad";
+    setKids(banner, `Calls are arriving, but ${unserved(s)}. Last webhook `, when(s.engine.last_webhook_at), ".");
   } else {
     banner.className = "banner ok";
     setKids(banner, "Operative · last webhook ", when(s.engine.last_webhook_at));
@@ -297,12 +322,11 @@ function renderStatus() {
     el("span", {}, "policy revision ", el("b", {}, s.policy_revision ?? "none")),
     el("span", {}, "registry revision ", el("b", {}, s.nodes_revision ?? "none")),
     el("span", {}, "routing hash ", el("code", { title: s.routing_hash || "" }, shortSha(s.routing_hash) || "—")),
-    el("span", {}, `${c.open_calls} open calls · ${c.pending} pending · ${c.unroutable} unroutable · ${c.ignored} ignored`),
-    view.policy ? el("span", {}, "other numbers prefer ", el("b", {}, view.policy.default_node)) : null);
+    el("span", {}, `${plural(c.open_calls, "open call")} · ${c.pending} pending · ${c.unroutable} unroutable · ${c.ignored} ignored`),
+    view.policy ? el("span", {}, "other numbers prefer ", id(view.policy.default_node, { tag: "b" })) : null);
   renderLines(s);
   renderOverrides(s);
   renderNodes(s);
-  setKids($("node-names"), ...s.nodes.map((n) => el("option", { value: n.node })));
 }
 
 function renderLines(s) {
@@ -311,17 +335,40 @@ function renderLines(s) {
     return;
   }
   const rows = s.lines.map((l) => el("tr", { "data-line": l.line_id },
-    el("td", { "data-label": "Line" }, el("b", {}, l.line_id), el("div", { class: "mono small" }, l.called_number)),
-    el("td", { "data-label": "Policy" }, "prefers ", el("b", {}, l.prefers)),
-    el("td", { "data-label": "Next call", class: "target" },
-      l.next_call_target
-        ? el("span", {}, "next call goes to ", el("b", {}, l.next_call_target), " ", l.fallback_in_use ? chip("fallback", "warn") : chip("preferred", "ok"))
-        : el("span", { class: "bad" }, "no eligible node: calls wait, then are rejected")),
-    el("td", { "data-label": "Configured fallback" }, l.fallback_node ? el("b", {}, l.fallback_node) : el("span", { class: "muted" }, "none (default node)")),
+    el("td", { "data-label": "Line" }, id(l.line_id, { tag: "b" }), el("div", { class: "small" }, number(l.called_number))),
+    el("td", { "data-label": "Policy" }, "prefers ", id(l.prefers, { tag: "b" })),
+    el("td", { "data-label": "Next call", class: "target" }, nextCall(l)),
+    el("td", { "data-label": "Configured fallback" }, l.fallback_node ? id(l.fallback_node, { tag: "b" }) : el("span", { class: "muted" }, "none (default node)")),
     el("td", { "data-label": "Why" }, l.fallback_in_use ? passedOver(l.reasons) : el("span", { class: "muted" }, "the preferred node is eligible"))));
   patchKids($("lines"), el("table", {},
     el("thead", {}, el("tr", {}, ["Line", "Policy", "Next call", "Configured fallback", "Why"].map((h) => el("th", {}, h)))),
     el("tbody", {}, rows)));
+}
+
+/** "next call goes to M1 (fallback)" for a line or one of an override's
+ * next calls ({next_call_target, fallback_in_use}). */
+function nextCall(n) {
+  return n.next_call_target
+    ? el("span", {}, "next call goes to ", id(n.next_call_target, { tag: "b" }), " ", n.fallback_in_use ? chip("fallback", "warn") : chip("preferred", "ok"))
+    : el("span", { class: "bad" }, "no eligible node: calls wait, then are rejected");
+}
+
+/** Where an override's caller's next call goes: one answer when every line
+ * (and every other number) agrees, else one per line. */
+function overrideNextCalls(o) {
+  if (o.expired) return [el("span", { class: "muted" }, "expired: the line's or the default node's routing applies"), null];
+  if (!o.next_calls) return [el("span", { class: "muted" }, "not computed here (too many lines × overrides): preview it in the editor"), null];
+  const key = (n) => JSON.stringify([n.next_call_target, n.reasons]);
+  const all = o.next_calls;
+  if (all.length && all.every((n) => key(n) === key(all[0]))) {
+    const n = all[0];
+    return [nextCall(n), n.fallback_in_use ? passedOver(n.reasons) : el("span", { class: "muted" }, "the preferred node is eligible")];
+  }
+  const to = (n) => (n.line_id == null ? "other numbers" : el("span", {}, "line ", id(n.line_id, { tag: "b" })));
+  return [
+    el("div", {}, all.map((n) => el("div", { "data-next-line": n.line_id ?? "" }, "to ", to(n), ": ", nextCall(n)))),
+    el("div", {}, all.filter((n) => n.fallback_in_use).map((n) => el("div", {}, "to ", to(n), ": ", passedOver(n.reasons)))),
+  ];
 }
 
 function renderOverrides(s) {
@@ -329,14 +376,19 @@ function renderOverrides(s) {
     patchKids($("overrides"), el("p", { class: "muted" }, "No caller overrides."));
     return;
   }
-  const rows = s.overrides.map((o) => el("tr", { "data-caller": o.caller },
-    el("td", { "data-label": "Caller", class: "mono" }, o.caller),
-    el("td", { "data-label": "Policy" }, "prefers ", el("b", {}, o.prefers)),
-    el("td", { "data-label": "Note", class: "note" }, o.note ?? el("span", { class: "muted" }, "—")),
-    el("td", { "data-label": "Expires" }, o.expired ? chip("expired", "bad") : when(o.expires_at, "expires ")),
-    el("td", { "data-label": "Created" }, when(o.created_at))));
+  const rows = s.overrides.map((o) => {
+    const [next, why] = overrideNextCalls(o);
+    return el("tr", { "data-caller": o.caller },
+      el("td", { "data-label": "Caller" }, number(o.caller)),
+      el("td", { "data-label": "Policy" }, "prefers ", id(o.prefers, { tag: "b" })),
+      el("td", { "data-label": "Next call", class: "target" }, next),
+      el("td", { "data-label": "Why" }, why),
+      el("td", { "data-label": "Note", class: "note" }, o.note ?? el("span", { class: "muted" }, "—")),
+      el("td", { "data-label": "Expires" }, o.expired ? chip("expired", "bad") : when(o.expires_at, "expires ")),
+      el("td", { "data-label": "Created" }, when(o.created_at)));
+  });
   patchKids($("overrides"), el("table", {},
-    el("thead", {}, el("tr", {}, ["Caller", "Policy", "Note", "Expires", "Created"].map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ["Caller", "Policy", "Next call", "Why", "Note", "Expires", "Created"].map((h) => el("th", {}, h)))),
     el("tbody", {}, rows)));
 }
 
@@ -371,7 +423,7 @@ function renderNodes(s) {
     // reads the node as last refreshed.
     sw.addEventListener("click", () => askDrain(view.status.nodes.find((x) => x.node === n.node) ?? n, !drained));
     return el("tr", { class: n.stale ? "stale" : "", "data-node": n.node },
-      el("td", { "data-label": "Node" }, el("b", {}, n.node)),
+      el("td", { "data-label": "Node" }, id(n.node, { tag: "b" })),
       el("td", { "data-label": "Role · mode" }, `${n.role ?? "—"} · ${n.mode ?? "—"}`, reported),
       el("td", { "data-label": "SHA" }, shaEl(n.sha, n.clean)),
       el("td", { "data-label": "App · tunnel" }, never ? "—" : `app ${n.app_ready ? "ready" : "down"} · tunnel ${n.tunnel_up ? "up" : "down"}`),
@@ -454,9 +506,9 @@ function renderDecisions() {
   patchKids($("decisions"), ...view.decisions.map((d) => {
     const fallback = d.chosen && d.prefers && d.chosen !== d.prefers;
     const details = el("details", { class: "decision", "data-decision": d.decision_id, open: view.openDecisions.has(d.decision_id) },
-      el("summary", {}, when(d.at), " · ", el("span", { class: "mono" }, d.call_session_id ?? "—"), " · ",
-        d.line_id ? `line ${d.line_id}` : RULES[d.rule] || d.rule, " · prefers ", el("b", {}, d.prefers ?? "—"), " · ",
-        d.chosen ? el("span", {}, "chose ", el("b", {}, d.chosen)) : el("span", { class: "bad" }, "no node"), " ",
+      el("summary", {}, when(d.at), " · ", id(d.call_session_id, { mono: true }), " · ",
+        d.line_id ? el("span", {}, "line ", id(d.line_id)) : RULES[d.rule] || d.rule, " · prefers ", id(d.prefers, { tag: "b" }), " · ",
+        d.chosen ? el("span", {}, "chose ", id(d.chosen, { tag: "b" })) : el("span", { class: "bad" }, "no node"), " ",
         fallback ? [chip("fallback", "warn"), " "] : null, chip(d.outcome, d.outcome === "rejected" ? "bad" : d.outcome === "pending" ? "warn" : "ok")),
       el("dl", { class: "evidence" },
         el("dt", {}, "Rule"), el("dd", {}, RULES[d.rule] || d.rule, " ", el("code", {}, d.rule)),
@@ -525,6 +577,9 @@ const editor = {
     this.draft = rowsOf(doc);
     this.problems = [];
     $("editor-conflict").classList.add("hidden");
+    clearTimeout(this.previewTimer);
+    this.previewSeq++;
+    setKids($("draft-preview"), el("span", { class: "muted" }, "No edits yet: the preview runs when you change the draft (the routing guide shows the policy in force)."));
     this.render();
   },
 
@@ -542,16 +597,18 @@ const editor = {
     this.schedulePreview();
   },
 
+  /** Draws the form; previews only follow an edit (changed()), so merely
+   * viewing the page sends none. */
   render() {
     const d = this.draft;
     const def = $("default-node");
+    setKids(def, nodeOptions(d.default_node, "choose a node"));
     def.value = d.default_node;
-    def.oninput = () => { d.default_node = def.value.trim(); this.changed(); };
+    def.onchange = () => { d.default_node = def.value; this.changed(); };
     setKids($("edit-lines"), ...(d.lines.length ? d.lines.map((row) => this.lineRow(row)) : [el("p", { class: "muted" }, "No lines.")]));
     setKids($("edit-overrides"), ...(d.overrides.length ? d.overrides.map((row) => this.overrideRow(row)) : [el("p", { class: "muted" }, "No overrides.")]));
     this.noteServer(view.policy?.revision ?? this.base);
     this.showProblems();
-    this.schedulePreview();
     tickTimes();
   },
 
@@ -562,14 +619,24 @@ const editor = {
     return el("div", {}, el("label", { for: id }, label), input);
   },
 
+  /** A node field: a pick from the registry's nodes (`none` names the
+   * empty choice of an optional field). */
+  nodePick(row, key, label, none) {
+    const id = `f${row.key}-${key}`;
+    const select = el("select", { id, "data-field": key }, nodeOptions(row[key] ?? "", none));
+    select.value = row[key] ?? "";
+    select.addEventListener("change", () => { row[key] = select.value; this.changed(); this.markPaths(); });
+    return el("div", {}, el("label", { for: id }, label), select);
+  },
+
   lineRow(row) {
     const base = () => pointer("by_line", row.line_id);
     const wrap = el("div", { class: "editor-row", "data-row": row.key });
     const fields = [
       this.input(row, "line_id", "Line id", { maxlength: 64, "data-field": "line_id" }),
       this.input(row, "called_number", "Called number (E.164)", { maxlength: 16, "data-field": "called_number", inputmode: "tel" }),
-      this.input(row, "preferred_node", "Preferred node", { maxlength: 32, list: "node-names", "data-field": "preferred_node" }),
-      this.input(row, "fallback_node", "Fallback node (optional)", { maxlength: 32, list: "node-names", "data-field": "fallback_node" }),
+      this.nodePick(row, "preferred_node", "Preferred node", "choose a node"),
+      this.nodePick(row, "fallback_node", "Fallback node (optional)", "none (the default node)"),
     ];
     const remove = el("button", { type: "button", "aria-label": `remove line ${row.line_id}` }, "Remove");
     remove.addEventListener("click", () => { this.draft.lines = this.draft.lines.filter((r) => r !== row); this.changed(); this.render(); });
@@ -593,7 +660,7 @@ const editor = {
     remove.addEventListener("click", () => { this.draft.overrides = this.draft.overrides.filter((r) => r !== row); this.changed(); this.render(); });
     wrap.append(
       this.input(row, "caller", "Caller (E.164)", { maxlength: 16, "data-field": "caller", inputmode: "tel" }),
-      this.input(row, "preferred_node", "Preferred node", { maxlength: 32, list: "node-names", "data-field": "preferred_node" }),
+      this.nodePick(row, "preferred_node", "Preferred node", "choose a node"),
       el("div", {}, el("label", { for: hours.id }, row.expires_at ? "Renew for (h, m; at most 24 h after it was created)" : "Expires in (h, m; at most 24 h)"),
         el("div", { class: "duration" }, hours, "h", minutes, "m"), left),
       this.input(row, "note", "Note", { maxlength: 200, "data-field": "note" }),
@@ -606,7 +673,7 @@ const editor = {
   markPaths() {
     for (const wrap of document.querySelectorAll("#edit-lines .editor-row, #edit-overrides .editor-row")) {
       wrap.setAttribute("data-path", wrap.pathOf(""));
-      for (const input of wrap.querySelectorAll("input[data-field]")) input.setAttribute("data-path", wrap.pathOf(input.getAttribute("data-field")));
+      for (const input of wrap.querySelectorAll("[data-field]")) input.setAttribute("data-path", wrap.pathOf(input.getAttribute("data-field")));
     }
   },
 
@@ -652,7 +719,7 @@ const editor = {
       if (!target) continue;
       target.setAttribute("aria-invalid", "true");
       const msg = el("span", { class: "err-msg", "data-problem-path": p.path }, p.problem);
-      if (target.tagName === "INPUT") (target.closest(".duration") || target).after(msg);
+      if (target.tagName === "INPUT" || target.tagName === "SELECT") (target.closest(".duration") || target).after(msg);
       else target.append(msg);
     }
   },
@@ -710,14 +777,18 @@ const editor = {
       setKids(box, el("span", { class: "bad" }, "The draft has problems (shown at their fields); saving would be refused."));
       return INVALID_DRAFT;
     }
-    let flags = 0;
+    // What is counted: lines, and overrides, that would not reach their
+    // preferred node (an override once, however many lines it misses).
+    let lineFlags = 0;
+    let overrideFlags = 0;
+    const missed = new Set();
     const lineItems = answers.filter((a) => a.caller == null).map((a) => {
       const p = a.r.body;
       const flagged = p.chosen !== p.prefers;
-      if (flagged) flags += 1;
+      if (flagged) { lineFlags += 1; missed.add(p.prefers); }
       return el("li", { class: flagged ? "flag" : "", "data-preview-line": a.line },
-        el("b", {}, a.line), ` (${doc.by_line[a.line].called_number}) prefers `, el("b", {}, p.prefers), ": next call would go to ",
-        el("b", {}, p.chosen ?? "no eligible node"), flagged ? el("div", { class: "warn" }, "⚠ ", passedOver(p.reasons)) : " ✓");
+        id(a.line, { tag: "b" }), " (", number(doc.by_line[a.line].called_number), ") prefers ", id(p.prefers, { tag: "b" }), ": next call would go to ",
+        p.chosen ? id(p.chosen, { tag: "b" }) : el("b", {}, "no eligible node"), flagged ? el("div", { class: "warn" }, "⚠ ", passedOver(p.reasons)) : " ✓");
     });
     const byCaller = new Map();
     for (const a of answers.filter((x) => x.caller != null)) {
@@ -726,17 +797,22 @@ const editor = {
     }
     const overrideItems = [...byCaller].map(([caller, list]) => {
       const bad = list.filter((a) => a.r.body.chosen !== a.r.body.prefers);
-      flags += bad.length;
       const prefers = list[0].r.body.prefers;
+      if (bad.length) { overrideFlags += 1; missed.add(prefers); }
       return el("li", { class: bad.length ? "flag" : "", "data-preview-caller": caller },
-        "calls from ", el("span", { class: "mono" }, caller), " prefer ", el("b", {}, prefers),
+        "calls from ", number(caller), " prefer ", id(prefers, { tag: "b" }),
         bad.length
           ? el("div", { class: "warn" }, bad.map((a) => el("div", {}, "⚠ ", a.line ? `to line ${a.line}` : "to other numbers", " they would go to ",
             el("b", {}, a.r.body.chosen ?? "no eligible node"), ": ", passedOver(a.r.body.reasons))))
           : ` and would go to ${prefers} on every line ✓`);
     });
-    setKids(box, 
-      flags ? el("p", { class: "warn" }, `⚠ ${flags} preferred node${flags === 1 ? "" : "s"} would be passed over under this draft.`) : el("p", { class: "ok" }, "Every line and override would reach its preferred node."),
+    const flags = lineFlags + overrideFlags;
+    const counted = [lineFlags && plural(lineFlags, "line"), overrideFlags && plural(overrideFlags, "override")].filter(Boolean).join(" and ");
+    setKids(box,
+      flags
+        ? el("p", { class: "warn", id: "preview-flags" }, `⚠ Under this draft ${counted} would not reach ${flags === 1 ? "its preferred node" : "their preferred nodes"}: `,
+          [...missed].sort().flatMap((n, i) => [i ? ", " : "", id(n, { tag: "b" })]), ` would be passed over.`)
+        : el("p", { class: "ok", id: "preview-flags" }, "Every line and override would reach its preferred node."),
       lineItems.length ? el("ul", {}, lineItems) : el("p", { class: "muted" }, "No lines."),
       overrideItems.length ? el("ul", {}, overrideItems) : null,
       limited ? el("p", { class: "muted small" }, `Only the first ${MAX_PREVIEWS} previews were run.`) : null);
@@ -805,6 +881,7 @@ const editor = {
       setKids(box, el("p", {}, `Your edits are now on revision ${theirs.revision}`,
         merged.both.length ? ` (both of you changed ${merged.both.join(", ")}: your version is kept)` : "", ". Check the preview, then save."));
       this.render();
+      this.schedulePreview();
       $("save-result").textContent = "";
     });
     setKids(box, 
@@ -814,6 +891,17 @@ const editor = {
     box.classList.remove("hidden");
   },
 };
+
+/** The registry's nodes as <option>s, `current` selected; a current value
+ * the registry lacks stays shown (and is refused on save as before). */
+function nodeOptions(current, none) {
+  const nodes = (view.status?.nodes ?? []).map((n) => n.node);
+  return [
+    el("option", { value: "" }, none),
+    ...nodes.map((n) => el("option", { value: n }, n)),
+    current && !nodes.includes(current) ? el("option", { value: current }, `${current} (not in the registry)`) : null,
+  ];
+}
 
 /** The form's rows for a policy document (or an empty draft). */
 function rowsOf(doc) {

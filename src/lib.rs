@@ -28,7 +28,9 @@
 //!
 //! Dispatcher:
 //! - [`protocol`]: the typed, versioned Worker ↔ Dispatcher messages.
-//! - [`refusal`]: every business refusal and its HTTP status, in one place.
+//!   Every refusal is core's [`Refusal`]
+//!   (code, status, fields), encoded on this wire or answered as HTTP by
+//!   [`reply::Answer::refusal`].
 //! - [`dispatcher`]: the Durable Object and its SQLite [`Store`](callfence_core::store::Store).
 //!
 //! # Request pipeline
@@ -55,7 +57,6 @@ pub mod node_routes;
 pub mod panel;
 pub mod probe;
 pub mod protocol;
-pub mod refusal;
 pub mod reply;
 pub mod request_url;
 pub mod routes;
@@ -64,6 +65,7 @@ pub mod subrequest;
 use crate::config::{Capability, Config};
 use crate::reply::{read_body, Answer, ApiError};
 use crate::routes::{Guard, Route};
+use callfence_core::refusal::Refusal;
 use callfence_core::telnyx;
 use worker::{event, Context, Env, Request, Response};
 
@@ -78,7 +80,7 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> worker::Result<Response>
     let response = match serve(req, &env, &ctx, &mut log, started).await {
         Ok(response) => Ok(response),
         Err(error) => {
-            log.error(error.code);
+            log.error(error.code());
             error.into_response()
         }
     }
@@ -107,9 +109,7 @@ pub async fn serve(
     }
     let answer = match route.guard() {
         Guard::Public => match route {
-            Route::Dashboard => {
-                return dashboard::page().map_err(|_| ApiError::new(500, "internal"))
-            }
+            Route::Dashboard => return dashboard::page().map_err(|_| ApiError(Refusal::Internal)),
             _ => {
                 let (status, body) = public(&route, &config)?;
                 Answer {
@@ -174,9 +174,8 @@ pub async fn serve(
                 &body,
                 clock::now_ms(),
             )
-            .map_err(|e| ApiError::new(401, e.code()))?;
-            let envelope =
-                telnyx::parse_envelope(&body).map_err(|e| ApiError::new(400, e.code()))?;
+            .map_err(|e| ApiError(e.into()))?;
+            let envelope = telnyx::parse_envelope(&body).map_err(|e| ApiError(e.into()))?;
             log.event_id(&envelope.event_id);
             if let Some(session) = envelope.session_hint() {
                 log.call_session_id(session);
@@ -203,7 +202,7 @@ pub async fn serve(
     }
     answer
         .into_response()
-        .map_err(|_| ApiError::new(500, "internal"))
+        .map_err(|_| ApiError(Refusal::Internal))
 }
 
 /// The public routes' answers.

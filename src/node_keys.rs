@@ -24,6 +24,7 @@ use crate::reply::ApiError;
 use callfence_core::edge_hosts::EdgeHosts;
 use callfence_core::encoding::b64_decode;
 use callfence_core::node_auth::{self, NodeAuthError, NodeHeaders};
+use callfence_core::refusal::Refusal;
 use ed25519_dalek::VerifyingKey;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -147,7 +148,7 @@ pub async fn verify(
     edge_hosts: Option<&EdgeHosts>,
 ) -> Result<String, ApiError> {
     if edge_hosts.is_some_and(|hosts| !hosts.allows(request.host)) {
-        return Err(ApiError::new(401, NodeAuthError::BadNodeSignature.code()));
+        return Err(ApiError(Refusal::NodeAuth(NodeAuthError::BadNodeSignature)));
     }
     let now = now_ms();
     let check = |keys: &NodeKeys| {
@@ -161,7 +162,7 @@ pub async fn verify(
             |node, kid| keys.key(node, kid),
         )
     };
-    let refused = |error: NodeAuthError| ApiError::new(401, error.code());
+    let refused = |error: NodeAuthError| ApiError(Refusal::NodeAuth(error));
 
     let (copy, since_attempt_ms) = current(now);
     // A fetch started less than MIN_REFRESH_MS ago (perhaps still in flight

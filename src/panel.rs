@@ -7,6 +7,7 @@ use crate::protocol::{self, DocumentRead, Reply, Request as ProtocolRequest, Wri
 use crate::reply::{relay, Answer, ApiError};
 use crate::routes::{valid_call_id, Route};
 use callfence_core::document::DocKind;
+use callfence_core::refusal::Refusal;
 use serde_json::json;
 use worker::{Env, Request};
 
@@ -31,7 +32,7 @@ fn limit(req: &Request) -> Result<Option<u32>, ApiError> {
 }
 
 fn bad_parameter(name: &str) -> ApiError {
-    ApiError::new(400, "bad_request").with("parameter", name)
+    ApiError(Refusal::BadParameter(name.to_owned()))
 }
 
 fn etag(revision: u64) -> String {

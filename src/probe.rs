@@ -19,7 +19,7 @@ const DEFAULT_BUDGET_MS: u32 = 1_500;
 
 /// Runs one probe for `node` (signed with key `kid`).
 pub async fn handle(env: &Env, node: &str, kid: &str, body: &[u8]) -> Result<Answer, ApiError> {
-    let nonce = parse_request(body).map_err(|e| ApiError::new(400, e.code()))?;
+    let nonce = parse_request(body).map_err(|e| ApiError(e.into()))?;
     let config = Config::get(env);
     let edge = &config
         .node_routes

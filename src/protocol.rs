@@ -68,6 +68,7 @@
 
 use callfence_core::document::DocKind;
 use callfence_core::engine::{Forward, NodeKey, Report};
+use callfence_core::refusal::Refusal;
 use callfence_core::telnyx::Envelope;
 use futures_util::future::{select, Either};
 use serde::de::DeserializeOwned;
@@ -593,6 +594,17 @@ pub fn encode_refused(
     Value::Object(body).to_string()
 }
 
+/// A refusal on the wire, as core decided its status, code, `Retry-After`
+/// and fields.
+pub fn encode_refusal(refusal: &Refusal) -> String {
+    encode_refused(
+        refusal.status(),
+        refusal.code(),
+        refusal.retry_after_s(),
+        refusal.fields(),
+    )
+}
+
 /// The Dispatcher's answer body (sent with HTTP 400) for a message it cannot take.
 pub fn encode_rejected(error: MessageError) -> String {
     format!(
@@ -739,6 +751,19 @@ pub async fn call_within<T: DeserializeOwned>(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn every_refusal_crosses_the_wire_with_its_status_code_fields_and_retry() {
+        for refusal in Refusal::every() {
+            let reply = decode_reply::<View>(200, encode_refusal(&refusal).as_bytes()).unwrap();
+            let Reply::Refused(r) = reply else {
+                panic!("{refusal:?}")
+            };
+            assert_eq!(r.status, refusal.status());
+            assert_eq!(Value::Object(r.body), refusal.body(), "{refusal:?}");
+            assert_eq!(r.retry_after_s, refusal.retry_after_s(), "{refusal:?}");
+        }
+    }
 
     fn fence() -> Request {
         Request::Fence {

@@ -5,102 +5,66 @@
 //! table, so the mapping from stable codes to HTTP lives in one place.
 
 use crate::protocol::{strip_envelope, Refused, Reply, Unavailable, View};
+use callfence_core::refusal::Refusal;
 use futures_util::StreamExt;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use worker::{Headers, Request, Response};
 
-/// An error answer: status, stable code, extra fields and headers.
+/// An error answer: one [`Refusal`], whose code, status, fields and
+/// `Retry-After` core decides; [`Answer::refusal`] adds the headers only the
+/// Worker's HTTP knows.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ApiError {
-    /// The HTTP status.
-    pub status: u16,
-    /// The stable code, sent as `error`.
-    pub code: &'static str,
-    /// More fields of the body (for example `capability`).
-    pub fields: Map<String, Value>,
-    /// Extra response headers (`Retry-After`, `Allow`, `WWW-Authenticate`).
-    pub headers: Vec<(&'static str, String)>,
+pub struct ApiError(pub Refusal);
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        Self(refusal)
+    }
 }
 
 impl ApiError {
-    /// An error with `status` and `code` and nothing else.
-    pub fn new(status: u16, code: &'static str) -> Self {
-        Self {
-            status,
-            code,
-            fields: Map::new(),
-            headers: Vec::new(),
-        }
-    }
-
-    /// Adds a body field.
-    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.fields.insert(key.to_owned(), value.into());
-        self
-    }
-
-    /// Adds a response header.
-    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
-        self.headers.push((name, value.into()));
-        self
-    }
-
-    /// Adds `Retry-After` (seconds).
-    pub fn retry_after(self, seconds: u32) -> Self {
-        self.header("Retry-After", seconds.to_string())
-    }
-
     /// 404 `not_found`.
     pub fn not_found() -> Self {
-        Self::new(404, "not_found")
+        Self(Refusal::NotFound)
     }
 
     /// 405 `method_not_allowed`, with the `Allow` header.
-    pub fn method_not_allowed(allow: &[&str]) -> Self {
-        Self::new(405, "method_not_allowed").header("Allow", allow.join(", "))
+    pub fn method_not_allowed(allow: &[&'static str]) -> Self {
+        Self(Refusal::MethodNotAllowed(allow.to_vec()))
     }
 
     /// 413 `payload_too_large`, naming the limit.
     pub fn payload_too_large(limit: usize) -> Self {
-        Self::new(413, "payload_too_large").with("limit_bytes", limit)
+        Self(Refusal::PayloadTooLarge(limit))
     }
 
     /// 503 `misconfigured` for a capability.
     pub fn misconfigured(capability: &'static str) -> Self {
-        Self::new(503, "misconfigured").with("capability", capability)
+        Self(Refusal::Misconfigured(capability))
     }
 
     /// 503 `dispatcher_unavailable`: the Dispatcher did not give its own
     /// well-formed answer. Nothing was forwarded.
     pub fn dispatcher_unavailable() -> Self {
-        Self::new(503, "dispatcher_unavailable").retry_after(1)
+        Self(Refusal::DispatcherUnavailable)
     }
 
     /// 401 `unauthorized` (with `WWW-Authenticate: Bearer`) or 403 `forbidden`.
     pub fn auth(error: crate::auth::AuthError) -> Self {
-        match error {
-            crate::auth::AuthError::Unauthorized => {
-                Self::new(401, error.code()).header("WWW-Authenticate", "Bearer")
-            }
-            crate::auth::AuthError::Forbidden => Self::new(403, error.code()),
-        }
+        Self(match error {
+            crate::auth::AuthError::Unauthorized => Refusal::Unauthorized,
+            crate::auth::AuthError::Forbidden => Refusal::Forbidden,
+        })
     }
 
-    /// The body: `{"error": code, ...fields}`.
-    pub fn body(&self) -> Value {
-        let mut body = Map::with_capacity(self.fields.len() + 1);
-        body.insert("error".into(), Value::from(self.code));
-        body.extend(self.fields.clone());
-        Value::Object(body)
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        self.0.code()
     }
 
     /// The HTTP response.
     pub fn into_response(self) -> worker::Result<Response> {
-        let response = json(self.status, &self.body())?;
-        for (name, value) in &self.headers {
-            response.headers().set(name, value)?;
-        }
-        Ok(response)
+        Answer::refusal(&self.0).into_response()
     }
 }
 
@@ -135,16 +99,24 @@ impl Answer {
         }
     }
 
-    /// A refusal the Worker gives on the Dispatcher's behalf.
-    pub fn refusal(refusal: &crate::refusal::Refusal) -> Self {
-        let answer = Self {
+    /// A refusal as HTTP: the one place a [`Refusal`] becomes a response.
+    /// Core decides its status, body and `Retry-After`; the headers below
+    /// are the Worker's. (`Refusal` is `#[non_exhaustive]`, so the `match`
+    /// ends in a catch-all: every other refusal carries no header of its
+    /// own.)
+    pub fn refusal(refusal: &Refusal) -> Self {
+        let mut answer = Self {
             status: refusal.status(),
             body: refusal.body(),
             headers: Vec::new(),
         };
-        match refusal.retry_after_s() {
-            Some(seconds) => answer.header("Retry-After", seconds.to_string()),
-            None => answer,
+        if let Some(seconds) = refusal.retry_after_s() {
+            answer = answer.header("Retry-After", seconds.to_string());
+        }
+        match refusal {
+            Refusal::Unauthorized => answer.header("WWW-Authenticate", "Bearer"),
+            Refusal::MethodNotAllowed(allow) => answer.header("Allow", allow.join(", ")),
+            _ => answer,
         }
     }
 
@@ -209,10 +181,7 @@ pub async fn read_body(req: &mut Request, limit: usize) -> Result<Vec<u8>, ApiEr
         .flatten()
         .and_then(|text| text.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n <= limit as u64) {
-        let body = req
-            .bytes()
-            .await
-            .map_err(|_| ApiError::new(400, "bad_body"))?;
+        let body = req.bytes().await.map_err(|_| ApiError(Refusal::BadBody))?;
         check_length(Some(body.len() as u64), limit)?;
         return Ok(body);
     }
@@ -220,11 +189,11 @@ pub async fn read_body(req: &mut Request, limit: usize) -> Result<Vec<u8>, ApiEr
         check_length(declared, limit)?;
         return Ok(Vec::new());
     }
-    let mut stream = req.stream().map_err(|_| ApiError::new(400, "bad_body"))?;
+    let mut stream = req.stream().map_err(|_| ApiError(Refusal::BadBody))?;
     let mut body = Vec::new();
     let mut seen: u64 = 0;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|_| ApiError::new(400, "bad_body"))?;
+        let chunk = chunk.map_err(|_| ApiError(Refusal::BadBody))?;
         seen = seen.saturating_add(chunk.len() as u64);
         if seen <= limit as u64 {
             body.extend_from_slice(&chunk);
@@ -254,43 +223,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn error_bodies_carry_the_code_first_then_fields() {
-        let error = ApiError::misconfigured("ingress");
-        assert_eq!(error.status, 503);
+    fn a_refusal_answers_its_status_body_and_headers() {
+        let answer = Answer::refusal(&Refusal::Misconfigured("ingress"));
+        assert_eq!(answer.status, 503);
         assert_eq!(
-            error.body(),
+            answer.body,
             json!({"error": "misconfigured", "capability": "ingress"})
         );
         assert_eq!(
-            ApiError::payload_too_large(4096).body(),
-            json!({"error": "payload_too_large", "limit_bytes": 4096})
-        );
-    }
-
-    #[test]
-    fn helpers_set_their_headers() {
-        assert_eq!(
-            ApiError::method_not_allowed(&["GET", "PUT"]).headers,
+            Answer::refusal(&Refusal::MethodNotAllowed(vec!["GET", "PUT"])).headers,
             [("Allow", "GET, PUT".to_owned())]
         );
         assert_eq!(
-            ApiError::dispatcher_unavailable().headers,
+            Answer::refusal(&Refusal::DispatcherUnavailable).headers,
             [("Retry-After", "1".to_owned())]
         );
-        let unauthorized = ApiError::auth(crate::auth::AuthError::Unauthorized);
+        let unauthorized = Answer::refusal(&Refusal::Unauthorized);
         assert_eq!(
-            (unauthorized.status, unauthorized.code),
-            (401, "unauthorized")
+            (unauthorized.status, unauthorized.headers),
+            (401, vec![("WWW-Authenticate", "Bearer".to_owned())])
         );
-        let forbidden = ApiError::auth(crate::auth::AuthError::Forbidden);
-        assert_eq!((forbidden.status, forbidden.code), (403, "forbidden"));
+        assert_eq!(Answer::refusal(&Refusal::Forbidden).status, 403);
     }
 
     #[test]
     fn lengths_over_the_limit_are_refused() {
         assert!(check_length(None, 10).is_ok());
         assert!(check_length(Some(10), 10).is_ok());
-        assert_eq!(check_length(Some(11), 10).unwrap_err().status, 413);
+        assert_eq!(check_length(Some(11), 10).unwrap_err().0.status(), 413);
     }
 
     #[test]

@@ -236,22 +236,32 @@ mod tests {
             "/healthz/x",
         ] {
             assert_eq!(
-                Route::resolve("GET", path).unwrap_err().status,
+                Route::resolve("GET", path).unwrap_err().0.status(),
                 404,
                 "{path}"
             );
         }
         let error = Route::resolve("DELETE", "/v1/policy").unwrap_err();
-        assert_eq!((error.status, error.code), (405, "method_not_allowed"));
-        assert_eq!(error.headers, [("Allow", "GET, PUT".to_owned())]);
+        assert_eq!(
+            (error.0.status(), error.code()),
+            (405, "method_not_allowed")
+        );
+        assert_eq!(
+            crate::reply::Answer::refusal(&error.0).headers,
+            [("Allow", "GET, PUT".to_owned())]
+        );
         assert_eq!(
             Route::resolve("GET", "/v1/telnyx/webhook")
                 .unwrap_err()
-                .status,
+                .0
+                .status(),
             405
         );
         assert_eq!(
-            Route::resolve("POST", "/v1/calls/x").unwrap_err().status,
+            Route::resolve("POST", "/v1/calls/x")
+                .unwrap_err()
+                .0
+                .status(),
             405
         );
     }

@@ -34,15 +34,6 @@ impl DocKind {
         }
     }
 
-    /// The error code while the document has never been written:
-    /// `no_policy` or `no_nodes`.
-    pub fn absent_code(&self) -> &'static str {
-        match self {
-            DocKind::Policy => "no_policy",
-            DocKind::Nodes => "no_nodes",
-        }
-    }
-
     /// Largest accepted PUT body, in bytes (256 KiB for both).
     pub fn max_body(&self) -> usize {
         MAX_DOCUMENT_BODY
@@ -65,16 +56,6 @@ pub enum PreconditionError {
     /// `If-Match` is not one strong quoted decimal (`"N"`), or the body's
     /// `revision` is not a non-negative integer (HTTP 400).
     Malformed,
-}
-
-impl PreconditionError {
-    /// The stable error code: `precondition_required` or `bad_precondition`.
-    pub fn code(&self) -> &'static str {
-        match self {
-            PreconditionError::Missing => "precondition_required",
-            PreconditionError::Malformed => "bad_precondition",
-        }
-    }
 }
 
 impl std::fmt::Display for PreconditionError {
@@ -136,8 +117,6 @@ mod tests {
     fn kinds() {
         assert_eq!(DocKind::Policy.as_str(), "policy");
         assert_eq!(DocKind::Nodes.as_str(), "nodes");
-        assert_eq!(DocKind::Policy.absent_code(), "no_policy");
-        assert_eq!(DocKind::Nodes.absent_code(), "no_nodes");
         assert_eq!(DocKind::Policy.max_body(), 262_144);
         assert_eq!(DocKind::Nodes.max_body(), 262_144);
         assert_eq!(DocKind::Policy.schema(), "riff_node_routing_policy_v1");
@@ -212,8 +191,6 @@ mod tests {
             expected_revision(None, &json!([1])),
             Err(PreconditionError::Missing)
         );
-        assert_eq!(PreconditionError::Missing.code(), "precondition_required");
-        assert_eq!(PreconditionError::Malformed.code(), "bad_precondition");
         assert!(!PreconditionError::Missing.to_string().is_empty());
     }
 }

@@ -118,13 +118,6 @@ pub enum HeartbeatError {
     NodeMismatch,
 }
 
-impl HeartbeatError {
-    /// Stable code: always `invalid_heartbeat`.
-    pub fn code(&self) -> &'static str {
-        "invalid_heartbeat"
-    }
-}
-
 impl fmt::Display for HeartbeatError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -257,7 +250,9 @@ mod tests {
 
     fn invalid(v: &Value) {
         match parse_value(v) {
-            Err(e @ HeartbeatError::Invalid(_)) => assert_eq!(e.code(), "invalid_heartbeat"),
+            Err(e @ HeartbeatError::Invalid(_)) => {
+                assert_eq!(crate::refusal::Refusal::from(e).code(), "invalid_heartbeat")
+            }
             other => panic!("expected Invalid for {v}, got {other:?}"),
         }
     }
@@ -305,7 +300,10 @@ mod tests {
         let got = parse(example().to_string().as_bytes(), "M4");
         assert_eq!(got, Err(HeartbeatError::NodeMismatch));
         let err = got.unwrap_err();
-        assert_eq!(err.code(), "invalid_heartbeat");
+        assert_eq!(
+            crate::refusal::Refusal::from(err.clone()).code(),
+            "invalid_heartbeat"
+        );
         assert!(err.to_string().contains("Callfence-Node"));
     }
 

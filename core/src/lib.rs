@@ -30,6 +30,8 @@
 //!   whether it is inside the edge's network.
 //! - [`policy`]: the routing policy and its resolution rule.
 //! - [`document`]: revision preconditions (`If-Match` or a body `revision`).
+//! - [`refusal`]: every refusal the edge answers: stable code, HTTP status,
+//!   `Retry-After` and body fields, in one table.
 //!
 //! Decisions:
 //! - [`eligibility`]: every reason a node may not take a new call.
@@ -99,6 +101,7 @@ pub mod policy;
 pub mod probe;
 pub mod problem;
 pub mod rate;
+pub mod refusal;
 pub mod registry;
 pub mod selection;
 pub mod store;

@@ -92,13 +92,9 @@ pub enum NodeAuthError {
 
 impl NodeAuthError {
     /// Stable code: `bad_node_signature`, `unknown_node_key` or
-    /// `stale_timestamp`.
+    /// `stale_timestamp` (the agent's fake edge answers with it).
     pub fn code(&self) -> &'static str {
-        match self {
-            NodeAuthError::BadNodeSignature => "bad_node_signature",
-            NodeAuthError::UnknownNodeKey => "unknown_node_key",
-            NodeAuthError::StaleTimestamp => "stale_timestamp",
-        }
+        crate::refusal::Refusal::NodeAuth(*self).code()
     }
 }
 

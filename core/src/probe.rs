@@ -48,12 +48,9 @@ pub enum ProbeError {
 }
 
 impl ProbeError {
-    /// Stable code: `bad_request` or `bad_nonce`.
+    /// Stable code (the agent logs it): its [`crate::refusal::Refusal`]'s.
     pub fn code(self) -> &'static str {
-        match self {
-            ProbeError::BadRequest => "bad_request",
-            ProbeError::BadNonce => "bad_nonce",
-        }
+        crate::refusal::Refusal::Probe(self).code()
     }
 }
 
@@ -217,7 +214,10 @@ mod tests {
             Err(ProbeError::BadRequest)
         );
         assert_eq!(parse_request(b"nope"), Err(ProbeError::BadRequest));
-        assert_eq!(ProbeError::BadNonce.code(), "bad_nonce");
+        assert_eq!(
+            crate::refusal::Refusal::from(ProbeError::BadNonce).code(),
+            "bad_nonce"
+        );
     }
 
     #[test]

@@ -51,11 +51,6 @@ impl KeyListError {
             problem: problem.into(),
         }
     }
-
-    /// Stable code: a capability whose keys do not parse is `misconfigured`.
-    pub fn code(&self) -> &'static str {
-        "misconfigured"
-    }
 }
 
 impl fmt::Display for KeyListError {
@@ -151,13 +146,9 @@ pub enum SignatureError {
 }
 
 impl SignatureError {
-    /// Stable code: `missing_signature`, `bad_signature` or `stale_timestamp`.
-    pub fn code(&self) -> &'static str {
-        match self {
-            SignatureError::MissingSignature => "missing_signature",
-            SignatureError::BadSignature => "bad_signature",
-            SignatureError::StaleTimestamp => "stale_timestamp",
-        }
+    /// Stable code (the agent logs it): its [`crate::refusal::Refusal`]'s.
+    pub fn code(self) -> &'static str {
+        crate::refusal::Refusal::Signature(self).code()
     }
 }
 
@@ -282,13 +273,6 @@ pub enum EnvelopeError {
     BadEventId,
     /// `data.event_type` is absent, not a string, empty or too long.
     BadEventType,
-}
-
-impl EnvelopeError {
-    /// Stable code: always `bad_envelope`.
-    pub fn code(&self) -> &'static str {
-        "bad_envelope"
-    }
 }
 
 impl fmt::Display for EnvelopeError {
@@ -452,8 +436,7 @@ mod tests {
         assert!(TelnyxKeys::parse(&b64_encode(&[7u8; 31])).is_err());
         assert!(TelnyxKeys::parse(&a[..a.len() - 1]).is_err(), "no padding");
         let nine = vec![a.clone(); 9].join(",");
-        let err = TelnyxKeys::parse(&nine).unwrap_err();
-        assert_eq!(err.code(), "misconfigured");
+        assert!(TelnyxKeys::parse(&nine).is_err());
         assert!(TelnyxKeys::parse(&vec![a; 8].join(",")).is_ok());
         // y = 2 is not on the curve: decompression fails.
         let mut off_curve = [0u8; 32];
@@ -578,7 +561,10 @@ mod tests {
         assert_eq!(verify(&keys, Some(&sig), None, BODY, NOW_MS), missing);
         assert_eq!(verify(&keys, None, None, BODY, NOW_MS), missing);
         assert_eq!(verify(&keys, Some(""), Some(&ts), BODY, NOW_MS), missing);
-        assert_eq!(SignatureError::MissingSignature.code(), "missing_signature");
+        assert_eq!(
+            crate::refusal::Refusal::from(SignatureError::MissingSignature).code(),
+            "missing_signature"
+        );
     }
 
     #[test]
@@ -632,8 +618,14 @@ mod tests {
         // 65 bytes.
         let long = b64_encode(&[raw.as_slice(), &[0]].concat());
         assert_eq!(verify(&keys, Some(&long), Some(&ts), BODY, NOW_MS), bad);
-        assert_eq!(SignatureError::BadSignature.code(), "bad_signature");
-        assert_eq!(SignatureError::StaleTimestamp.code(), "stale_timestamp");
+        assert_eq!(
+            crate::refusal::Refusal::from(SignatureError::BadSignature).code(),
+            "bad_signature"
+        );
+        assert_eq!(
+            crate::refusal::Refusal::from(SignatureError::StaleTimestamp).code(),
+            "stale_timestamp"
+        );
     }
 
     #[test]
@@ -725,7 +717,7 @@ mod tests {
         for (body, want) in cases {
             let got = parse_envelope(body).unwrap_err();
             assert_eq!(got, *want, "{}", String::from_utf8_lossy(body));
-            assert_eq!(got.code(), "bad_envelope");
+            assert_eq!(crate::refusal::Refusal::from(got).code(), "bad_envelope");
         }
         let long_id = format!(
             r#"{{"data":{{"id":"{}","event_type":"t"}}}}"#,

@@ -31,13 +31,6 @@ pub const MAX_MEDIA_TOKEN_LEN: usize = crate::media::MAX_TOKEN_BYTES;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadRequest(pub String);
 
-impl BadRequest {
-    /// The stable error code.
-    pub fn code(&self) -> &'static str {
-        "bad_request"
-    }
-}
-
 impl std::fmt::Display for BadRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
@@ -146,12 +139,7 @@ pub enum FenceRefusal {
 impl FenceRefusal {
     /// The stable reason code (also the refusal's `error`).
     pub fn code(self) -> &'static str {
-        match self {
-            FenceRefusal::StaleEpoch => "stale_epoch",
-            FenceRefusal::NotOwner => "not_owner",
-            FenceRefusal::CallEnded => "call_ended",
-            FenceRefusal::UnknownCall => "unknown_call",
-        }
+        crate::refusal::Refusal::Fence(self).code()
     }
 }
 
@@ -231,10 +219,7 @@ pub enum ClaimRefusal {
 impl ClaimRefusal {
     /// The stable reason code (also the refusal's `error`).
     pub fn code(self) -> &'static str {
-        match self {
-            ClaimRefusal::AlreadyOwned => "already_owned",
-            ClaimRefusal::CapacityExhausted => "capacity_exhausted",
-        }
+        crate::refusal::Refusal::Claim(self).code()
     }
 }
 
@@ -327,14 +312,7 @@ pub enum MediaRefusal {
 impl MediaRefusal {
     /// The stable reason code (also the refusal's `error`).
     pub fn code(self) -> &'static str {
-        match self {
-            MediaRefusal::BadToken => "bad_token",
-            MediaRefusal::Expired => "expired",
-            MediaRefusal::NotOwner => "not_owner",
-            MediaRefusal::StaleEpoch => "stale_epoch",
-            MediaRefusal::NotFenced => "not_fenced",
-            MediaRefusal::CallEnded => "call_ended",
-        }
+        crate::refusal::Refusal::Media(self).code()
     }
 }
 
@@ -461,7 +439,8 @@ mod tests {
         ] {
             let got = FenceRequest::parse(bad);
             assert!(got.is_err(), "{}", String::from_utf8_lossy(bad));
-            assert_eq!(got.unwrap_err().code(), "bad_request");
+            let refusal = crate::refusal::Refusal::from(got.unwrap_err());
+            assert_eq!(refusal.code(), "bad_request");
         }
         let long = format!(
             r#"{{"call_session_id":"{}","call_control_id":"c","epoch":3,"purpose":"answer"}}"#,

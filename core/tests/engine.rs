@@ -951,3 +951,42 @@ fn retention_by_age_spares_a_fenced_call_that_has_not_ended() {
     let next = forward(w.webhook("kept-h", "call.hangup", "kept", "incoming"));
     assert_eq!((next.node.as_str(), next.epoch), ("M1", live.epoch));
 }
+
+#[test]
+fn status_says_where_an_override_callers_next_call_goes_on_each_line() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    w.beat("M2", |hb| {
+        hb.lines.clear();
+        hb.routing_hash = routing_hash(&hb.lines);
+    })
+    .unwrap();
+    let caller = "+14155550100";
+    let policy = json!({"schema": "riff_node_routing_policy_v1", "default_node": "M1",
+        "by_line": {"sales": {"called_number": "+15102160079", "preferred_node": "M1"}},
+        "by_caller": {caller: {"preferred_node": "M2", "expires_at": format_ms(w.now + 3_600_000)}}});
+    w.put(DocKind::Policy, &policy);
+    let shown = |w: &World| w.engine.status(w.now).unwrap()["overrides"][0].clone();
+    let o = shown(&w);
+    assert_eq!(
+        (&o["caller"], &o["prefers"]),
+        (&json!(caller), &json!("M2"))
+    );
+    // M2 serves no line: to sales the caller's call falls back to the
+    // default node; to any other number it reaches M2.
+    assert_eq!(
+        o["next_calls"],
+        json!([
+            {"line_id": "sales", "next_call_target": "M1", "fallback_in_use": true,
+             "reasons": {"M2": ["line_not_served"]}},
+            {"line_id": null, "next_call_target": "M2", "fallback_in_use": false, "reasons": {}},
+        ])
+    );
+    // Once expired, the override routes nothing and says so.
+    w.now += 3_600_000;
+    let o = shown(&w);
+    assert_eq!(
+        (&o["expired"], &o["next_calls"]),
+        (&json!(true), &json!(null))
+    );
+}

@@ -14,9 +14,10 @@ use super::ops::{encode, report_way};
 use crate::clock::now_ms;
 use crate::config::EdgeKey;
 use crate::forward;
+use crate::protocol::encode_refusal;
 use crate::protocol::Next;
-use crate::refusal::Refusal;
 use callfence_core::engine::{Engine, EngineError, Forward, Report, ReportEffect, MAX_HOPS};
+use callfence_core::refusal::Refusal;
 use callfence_core::store::Store;
 
 /// Sends `forward` within `budget_ms` and applies its report as forward
@@ -67,5 +68,5 @@ pub async fn deliver<S: Store>(
             way => return Ok((encode(way), waited)),
         }
     }
-    Ok((Refusal::Reassigned.encode(), waited))
+    Ok((encode_refusal(&Refusal::Reassigned), waited))
 }

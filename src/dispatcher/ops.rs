@@ -4,10 +4,10 @@
 //! statuses.
 
 use super::profile::Profile;
+use crate::protocol::encode_refusal;
 use crate::protocol::{
     self, DocumentRead, Documents, Message, Next, NodeKeys, Present, ProbeTarget, Request, Written,
 };
-use crate::refusal::{DocumentRefusal, Refusal};
 use callfence_core::admission;
 use callfence_core::engine::{
     BadRequest, Caller, ClaimReply, ClaimRequest, Engine, EngineError, FenceReply, FenceRequest,
@@ -15,6 +15,8 @@ use callfence_core::engine::{
     PreviewRequest, ProbeAdmission, ReportEffect,
 };
 use callfence_core::media::MediaKeys;
+use callfence_core::node_auth::NodeAuthError;
+use callfence_core::refusal::{DocumentRefusal, Refusal};
 use callfence_core::store::Store;
 use callfence_core::telnyx::{parse_envelope, Envelope};
 use callfence_core::wire::{ClaimRefusal, Claimed, MediaValid};
@@ -64,7 +66,7 @@ pub fn report_way(effect: ReportEffect) -> Result<Next, Refusal> {
 pub fn encode(way: Result<Next, Refusal>) -> String {
     match way {
         Ok(next) => protocol::encode_done(&next),
-        Err(refusal) => refusal.encode(),
+        Err(refusal) => encode_refusal(&refusal),
     }
 }
 
@@ -88,7 +90,9 @@ pub fn serve<S: Store>(
     // validation (the engine re-checks the pair in its own unit).
     if let Some((node, kid)) = request.caller() {
         if !engine.key_in_force(caller(node, kid))? {
-            return Ok(Served::Reply(Refusal::UnknownNodeKey.encode()));
+            return Ok(Served::Reply(encode_refusal(&Refusal::NodeAuth(
+                NodeAuthError::UnknownNodeKey,
+            ))));
         }
     }
     let outcome = match request {
@@ -132,15 +136,19 @@ pub fn serve<S: Store>(
             Err(HeartbeatRefusal::Engine(e)) => return Err(e),
             Err(HeartbeatRefusal::Invalid(detail)) => Err(Refusal::InvalidHeartbeat(detail)),
             Err(HeartbeatRefusal::StaleSeq) => Err(Refusal::StaleSeq),
-            Err(HeartbeatRefusal::UnknownNode) => Err(Refusal::UnknownNodeKey),
+            Err(HeartbeatRefusal::UnknownNode) => {
+                Err(Refusal::NodeAuth(NodeAuthError::UnknownNodeKey))
+            }
         },
         Request::Fence { node, kid } => match media {
-            None => Err(Refusal::MediaKeysMissing),
+            None => Err(Refusal::Misconfigured("node_routes")),
             Some(media) => match parse(payload, FenceRequest::parse) {
                 Err(refusal) => Err(refusal),
                 Ok(req) => match engine.handle_fence(caller(node, kid), &req, media, now_ms)? {
                     FenceReply::Granted(grant) => done(&grant),
-                    FenceReply::UnknownNodeKey => Err(Refusal::UnknownNodeKey),
+                    FenceReply::UnknownNodeKey => {
+                        Err(Refusal::NodeAuth(NodeAuthError::UnknownNodeKey))
+                    }
                     FenceReply::Refused(r) => Err(Refusal::Fence(r)),
                 },
             },
@@ -160,11 +168,11 @@ pub fn serve<S: Store>(
                     Err(Refusal::RateLimited(retry_after_s))
                 }
                 ClaimReply::StorageFull => Err(Refusal::StorageFull),
-                ClaimReply::NotRegistered => Err(Refusal::UnknownNodeKey),
+                ClaimReply::NotRegistered => Err(Refusal::NodeAuth(NodeAuthError::UnknownNodeKey)),
             },
         },
         Request::MediaVerify { node, kid } => match media {
-            None => Err(Refusal::MediaKeysMissing),
+            None => Err(Refusal::Misconfigured("node_routes")),
             Some(media) => match parse(payload, MediaVerifyRequest::parse) {
                 Err(refusal) => Err(refusal),
                 Ok(req) => {
@@ -174,7 +182,9 @@ pub fn serve<S: Store>(
                         media,
                         now_ms,
                     )? {
-                        MediaReply::UnknownNodeKey => Err(Refusal::UnknownNodeKey),
+                        MediaReply::UnknownNodeKey => {
+                            Err(Refusal::NodeAuth(NodeAuthError::UnknownNodeKey))
+                        }
                         MediaReply::Valid {
                             call_session_id,
                             epoch,
@@ -221,7 +231,7 @@ pub fn serve<S: Store>(
             ProbeAdmission::RateLimited { retry_after_s } => {
                 Err(Refusal::RateLimited(retry_after_s))
             }
-            ProbeAdmission::UnknownNode => Err(Refusal::UnknownNodeKey),
+            ProbeAdmission::UnknownNode => Err(Refusal::NodeAuth(NodeAuthError::UnknownNodeKey)),
         },
         Request::WritesOnly {
             id,
@@ -237,7 +247,7 @@ pub fn serve<S: Store>(
         }
     };
     Ok(Served::Reply(
-        outcome.unwrap_or_else(|refusal| refusal.encode()),
+        outcome.unwrap_or_else(|refusal| encode_refusal(&refusal)),
     ))
 }
 

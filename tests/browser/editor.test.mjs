@@ -20,7 +20,7 @@ describe("the panel: policy editor and decision viewer", () => {
     const { c } = panel;
     await enterToken(panel.page, c.keys[token]);
     await showTab(panel.page, "editor");
-    await panel.page.waitForSelector("#draft-preview ul");
+    await waitText(panel.page, "#draft-preview", /No edits yet/);
     return panel;
   }
 
@@ -33,13 +33,13 @@ describe("the panel: policy editor and decision viewer", () => {
     await page.type(selector, value);
   }
 
-  const lineField = (line, field) => `#edit-lines input[data-path="/by_line/${line}/${field}"]`;
+  const lineField = (line, field) => `#edit-lines [data-path="/by_line/${line}/${field}"]`;
   /** Adds an override row and types into it (`hours`/`minutes` as text). */
   async function addOverride(page, { caller, node, hours, minutes, note }) {
     await page.click("#add-override");
     const row = "#edit-overrides .editor-row:last-child";
     await page.type(`${row} input[data-field="caller"]`, caller);
-    await page.type(`${row} input[data-field="preferred_node"]`, node);
+    await page.select(`${row} select[data-field="preferred_node"]`, node);
     if (hours) await page.type(`${row} input[aria-label="hours"]`, hours);
     if (minutes) await page.type(`${row} input[aria-label="minutes"]`, minutes);
     if (note) await page.type(`${row} input[data-field="note"]`, note);
@@ -85,10 +85,12 @@ describe("the panel: policy editor and decision viewer", () => {
     assert.match(flagged, /M3 passed over: does not serve this line line_not_served/);
     assert.match(flagged, /to line support they would go to M1/);
     assert.doesNotMatch(flagged, /to other numbers/);
-    assert.match(await text(page, "#draft-preview"), /⚠ 2 preferred nodes would be passed over/);
+    // Counted once: one override (on two lines) misses one node.
+    assert.equal(await text(page, "#preview-flags"), "⚠ Under this draft 1 override would not reach its preferred node: M3 would be passed over.");
     // A line the draft points at M3 is flagged too.
-    await fill(page, lineField("support", "preferred_node"), "M3");
+    await page.select(lineField("support", "preferred_node"), "M3");
     await waitText(page, '#draft-preview li[data-preview-line="support"]', /next call would go to M1.*M3 passed over: does not serve this line/);
+    assert.equal(await text(page, "#preview-flags"), "⚠ Under this draft 1 line and 1 override would not reach their preferred nodes: M3 would be passed over.");
     // Saving asks for a second press, and writes nothing before it.
     await page.click("#save");
     await waitText(page, "#save-result", /Press Save again to save anyway/);
@@ -102,7 +104,7 @@ describe("the panel: policy editor and decision viewer", () => {
   test("a stale save shows what changed meanwhile, keeps the edits through refreshes, and succeeds when reapplied", async (t) => {
     const { c, page, errors } = await setup(t);
     const base = (await policyNow(c)).revision;
-    await fill(page, lineField("sales", "preferred_node"), "M1");
+    await page.select(lineField("sales", "preferred_node"), "M1");
     // Another writer adds a line in between.
     const theirs = await policyNow(c);
     delete theirs.revision;

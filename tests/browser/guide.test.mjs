@@ -290,6 +290,7 @@ describe("the panel: token, routing guide and nodes", () => {
     await noHorizontalScroll(page);
     await shoot(page, "decisions-420");
     await showTab(page, "editor");
+    await page.select('#edit-lines [data-path="/by_line/sales/preferred_node"]', "M1");
     await page.waitForSelector("#draft-preview ul");
     await noHorizontalScroll(page);
     await shoot(page, "editor-420");

@@ -42,22 +42,6 @@ pub enum DocError {
     Engine(EngineError),
 }
 
-impl DocError {
-    /// The stable error code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            DocError::PreconditionRequired => "precondition_required",
-            DocError::BadPrecondition => "bad_precondition",
-            DocError::RevisionConflict { .. } => "revision_conflict",
-            DocError::InvalidJson | DocError::InvalidDocument(_) => "invalid_document",
-            DocError::NodeInUse { .. } => "node_in_use",
-            DocError::Absent(kind) => kind.absent_code(),
-            DocError::UnknownRevision => "unknown_revision",
-            DocError::Engine(e) => e.code(),
-        }
-    }
-}
-
 impl From<EngineError> for DocError {
     fn from(e: EngineError) -> Self {
         DocError::Engine(e)

@@ -25,16 +25,6 @@ pub enum PendingReason {
     NoEligibleNode,
 }
 
-impl PendingReason {
-    /// The stable error code.
-    pub fn code(self) -> &'static str {
-        match self {
-            PendingReason::NoPolicy => "no_policy",
-            PendingReason::NoEligibleNode => "no_eligible_node",
-        }
-    }
-}
-
 /// The answer for a delivered event (200), the same for every duplicate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Delivered {

@@ -162,13 +162,6 @@ pub enum EngineError {
     Corrupt(String),
 }
 
-impl EngineError {
-    /// The stable code.
-    pub fn code(&self) -> &'static str {
-        "dispatcher_unavailable"
-    }
-}
-
 impl std::fmt::Display for EngineError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

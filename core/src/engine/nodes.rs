@@ -40,18 +40,6 @@ pub enum HeartbeatRefusal {
     Engine(EngineError),
 }
 
-impl HeartbeatRefusal {
-    /// The stable error code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            HeartbeatRefusal::Invalid(_) => "invalid_heartbeat",
-            HeartbeatRefusal::StaleSeq => "stale_seq",
-            HeartbeatRefusal::UnknownNode => "unknown_node_key",
-            HeartbeatRefusal::Engine(e) => e.code(),
-        }
-    }
-}
-
 impl From<EngineError> for HeartbeatRefusal {
     fn from(e: EngineError) -> Self {
         HeartbeatRefusal::Engine(e)

@@ -7,6 +7,7 @@ use super::{Engine, EngineError, PreviewRequest};
 use crate::eligibility::{effective_max_calls, Reason};
 use crate::heartbeat::routing_hash;
 use crate::number::normalise;
+use crate::policy::RoutingPolicy;
 use crate::store::Store;
 use crate::time::format_ms;
 use serde_json::{json, Value as Json};
@@ -18,6 +19,11 @@ pub const DEFAULT_LIMIT: u32 = 50;
 pub const MAX_LIMIT: u32 = 500;
 /// Decisions shown in the status view.
 pub const STATUS_DECISIONS: u32 = 10;
+
+/// At most this many routes are run for the caller overrides' next calls in
+/// the status view (overrides × (lines + 1)); beyond it their `next_calls`
+/// is null, and the editor's preview says where a caller's call would go.
+pub const OVERRIDE_ROUTES: usize = 1000;
 
 /// The largest `limit` of the paged reads of whole calls and of raw
 /// events (`GET /v1/calls`, `GET /v1/events`); their default is
@@ -189,6 +195,37 @@ impl<S: Store> Engine<S> {
         })))
     }
 
+    /// Where a call from `caller` (an override preferring `prefers`) would go
+    /// now: to each line of `policy`, then (`line_id` null) to any other
+    /// number.
+    fn override_next_calls(
+        &self,
+        policy: &RoutingPolicy,
+        caller: &str,
+        prefers: &str,
+        now_ms: i64,
+    ) -> Result<Vec<Json>, EngineError> {
+        let called = policy
+            .by_line
+            .iter()
+            .map(|(id, line)| (Some(id.as_str()), Some(line.called_number.as_str())))
+            .chain([(None, None)]);
+        let mut out = Vec::new();
+        for (line_id, to) in called {
+            let Some(routed) = self.route(Some(caller), to, None, now_ms)? else {
+                break;
+            };
+            let target = routed.selection.chosen;
+            out.push(json!({
+                "line_id": line_id,
+                "next_call_target": target,
+                "fallback_in_use": target.as_deref() != Some(prefers),
+                "reasons": reasons_json(&routed.selection.reasons),
+            }));
+        }
+        Ok(out)
+    }
+
     /// `GET /v1/status`: the panel contract.
     pub fn status(&self, now_ms: i64) -> Result<Json, EngineError> {
         let policy = self.policy()?;
@@ -250,19 +287,24 @@ impl<S: Store> Engine<S> {
                 }));
             }
         }
-        let overrides: Vec<Json> = policy
-            .as_ref()
-            .map(|(_, p)| {
-                p.by_caller
-                    .iter()
-                    .map(|(caller, o)| {
-                        json!({"caller": caller, "prefers": o.preferred_node,
-                               "expires_at": format_ms(o.expires_at_ms), "expired": o.expires_at_ms <= now_ms,
-                               "note": o.note, "created_at": format_ms(o.created_at_ms)})
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut overrides = Vec::new();
+        if let Some((_, p)) = &policy {
+            // Where each caller's next call goes, on every line and to other
+            // numbers, while that stays within OVERRIDE_ROUTES routes.
+            let within = p.by_caller.len() * (p.by_line.len() + 1) <= OVERRIDE_ROUTES;
+            for (caller, o) in &p.by_caller {
+                let expired = o.expires_at_ms <= now_ms;
+                let next_calls = if within && !expired {
+                    Json::Array(self.override_next_calls(p, caller, &o.preferred_node, now_ms)?)
+                } else {
+                    Json::Null
+                };
+                overrides.push(json!({"caller": caller, "prefers": o.preferred_node,
+                       "expires_at": format_ms(o.expires_at_ms), "expired": expired,
+                       "note": o.note, "created_at": format_ms(o.created_at_ms),
+                       "next_calls": next_calls}));
+            }
+        }
         let recent = self.decisions(Some(STATUS_DECISIONS), None, None)?;
         let refused = self.refused();
         Ok(json!({
