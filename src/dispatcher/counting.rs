@@ -3,7 +3,7 @@
 //! engine's unit has committed. Counting writes nothing to storage, so the
 //! webhook path keeps its statements (`make bench`); the engine itself
 //! stages its decisions and the alarm's rejections
-//! ([`Counters`](callfence_core::metrics::Counters)).
+//! ([`Counters`]).
 
 use callfence_core::engine::{
     Engine, EngineError, FenceReply, HeartbeatRefusal, Ingress, PendingReason, ReportEffect,
