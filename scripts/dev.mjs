@@ -135,6 +135,7 @@ export const paths = {
   telnyxSeed: join(DEV, "keys", "telnyx.seed"),
   edgeSeed: join(DEV, "keys", "edge.seed"),
   adminToken: join(DEV, "keys", "admin-token"),
+  metricsToken: join(DEV, "keys", "metrics-token"),
   mediaKey: join(DEV, "keys", "media-key"),
   telnyxApiKey: join(DEV, "keys", "telnyx-api-key"),
   ports: join(DEV, "ports.json"),
@@ -178,6 +179,7 @@ function ensureSecrets() {
     [paths.telnyxSeed, seed],
     [paths.edgeSeed, seed],
     [paths.adminToken, () => randomBytes(24).toString("hex")],
+    [paths.metricsToken, () => randomBytes(24).toString("hex")],
     [paths.mediaKey, () => randomBytes(32).toString("base64")],
     [paths.telnyxApiKey, () => `KEYdev_${randomBytes(16).toString("hex")}`],
   ];
@@ -196,6 +198,7 @@ function ensureSecrets() {
     edgeSeed: readSecret(paths.edgeSeed),
     edgePublic: publicB64(edge),
     adminToken: readSecret(paths.adminToken),
+    metricsToken: readSecret(paths.metricsToken),
     mediaKey: readSecret(paths.mediaKey),
   };
 }
@@ -583,6 +586,7 @@ async function startDispatcher(secrets) {
           EDGE_KEY_ID: EDGE_KID,
           EDGE_NEXT_PUBLIC_KEYS: "[]",
           ADMIN_TOKENS: secrets.adminToken,
+          METRICS_TOKENS: secrets.metricsToken,
           MEDIA_TOKEN_KEYS: `dev:${secrets.mediaKey}`,
           FORWARD_TIMEOUT_MS: "1500",
           ORIGIN_ALLOW_PLAINTEXT: "true",
@@ -719,6 +723,8 @@ async function main() {
         dispatcher: url,
         panel: `${url}/`,
         admin_token_file: paths.adminToken,
+        metrics: `${url}/v1/metrics`,
+        metrics_token_file: paths.metricsToken,
         telnyx_seed_file: paths.telnyxSeed,
         fake_telnyx: telnyxUrl,
         logs: paths.logs,
@@ -762,6 +768,7 @@ callfence dev is running. Ctrl-C stops everything.
   dev directory  ${DEV}  (secrets, state, logs; delete it to start afresh)
   dispatcher     ${url.padEnd(24)} workerd, state in ${paths.state}
   panel          ${`${url}/`.padEnd(24)} bearer: the admin token in ${paths.adminToken}
+  edge metrics   ${`${url}/v1/metrics`.padEnd(24)} bearer: the metrics token in ${paths.metricsToken}
   fake Telnyx    ${telnyxUrl.padEnd(24)} prints the commands it gets; GET ${telnyxUrl}/__record
   logs           ${paths.logs}/
   nodes (callfence-agent -> callfence-demo-app):
@@ -775,6 +782,7 @@ ${lines.join("\n") || "    (no status yet)"}
   try:  make demo-call             (a signed call.initiated for +15102160079)
         ${join(BIN_DIR, "callfence-agent")} --config ${join(nodeDir(NODES[2]), "agent.toml")} deploy --sha $(git -C ${paths.demoApp} rev-parse HEAD)
         curl -H "Authorization: Bearer $(cat ${paths.adminToken})" ${url}/v1/status
+        curl -H "Authorization: Bearer $(cat ${paths.metricsToken})" ${url}/v1/metrics
         curl -H "Authorization: Bearer $(cat ${join(nodeDir(NODES[0]), "state", "local-api.token")})" http://127.0.0.1:${NODES[0].local}/local/status
 
 `);

@@ -13,6 +13,7 @@
 //! Each verdict carries the status and body the voice app gets.
 
 use axum::http::StatusCode;
+use callfence_core::refusal::Refusal;
 use callfence_core::wire::{
     ClaimRefused, Claimed, FenceGrant, FenceRefused, MediaInvalid, MediaValid,
 };
@@ -131,7 +132,7 @@ pub fn fence_verdict(reply: &Result<EdgeReply, String>) -> Result<FenceGrant, No
         },
         Ok(r) if r.status == 409 => Err(NoFence::Refused(
             r.decode::<FenceRefused>()
-                .map_or("fence_refused", |f| f.reason.code()),
+                .map_or("fence_refused", |f| Refusal::Fence(f.reason).code()),
         )),
         Ok(r) => Err(NoFence::Unavailable {
             edge_status: Some(r.status),
@@ -215,7 +216,7 @@ pub fn claim_verdict(reply: &Result<EdgeReply, String>) -> ClaimVerdict {
         },
         Ok(c) if c.status == 409 => ClaimVerdict::Refused(
             c.decode::<ClaimRefused>()
-                .map_or("claim_refused", |r| r.reason.code()),
+                .map_or("claim_refused", |r| Refusal::Claim(r.reason).code()),
         ),
         Ok(c) => ClaimVerdict::Again(format!("edge_status_{}", c.status)),
         Err(e) => ClaimVerdict::Again(e.clone()),
@@ -229,9 +230,12 @@ pub fn media_verdict(reply: &EdgeReply) -> Option<(Verdict, Option<&'static str>
         200 => reply
             .decode::<MediaValid>()
             .map(|v| ((StatusCode::OK, json!(v)), None)),
-        409 => reply
-            .decode::<MediaInvalid>()
-            .map(|v| ((StatusCode::CONFLICT, json!(v)), Some(v.reason.code()))),
+        409 => reply.decode::<MediaInvalid>().map(|v| {
+            (
+                (StatusCode::CONFLICT, json!(v)),
+                Some(Refusal::Media(v.reason).code()),
+            )
+        }),
         _ => None,
     }
 }

@@ -15,6 +15,7 @@
 use axum::http::HeaderMap;
 use callfence_core::assertion::{self, Claims, ProbeClaims};
 use callfence_core::outcome::{self, OriginAnswer};
+use callfence_core::refusal::Refusal;
 use callfence_core::{probe, telnyx};
 
 use crate::config::Config;
@@ -84,7 +85,7 @@ pub fn admit(cfg: &Config, headers: &HeaderMap, body: &[u8], now: i64) -> Admiss
                 Err(e) => refused(e.code(), None),
             },
             Ok(_) => refused("wrong_node", None),
-            Err(e) => refused(e.code(), None),
+            Err(e) => refused(Refusal::from(e).code(), None),
         };
     }
     let claims = match verify::<Claims>(cfg, header, body, now) {
@@ -98,7 +99,7 @@ pub fn admit(cfg: &Config, headers: &HeaderMap, body: &[u8], now: i64) -> Admiss
         body,
         now,
     ) {
-        return refused(e.code(), Some(&claims.event_id));
+        return refused(Refusal::from(e).code(), Some(&claims.event_id));
     }
     let envelope = telnyx::parse_envelope(body).ok();
     if envelope
@@ -296,7 +297,7 @@ mod tests {
         assert_eq!(verdict(&HeaderMap::new()), "missing_assertion");
         assert_eq!(
             verdict(&signed(&body, "ev1", false)),
-            telnyx::SignatureError::BadSignature.code()
+            Refusal::from(telnyx::SignatureError::BadSignature).code()
         );
         assert_eq!(verdict(&signed(&body, "ev2", true)), "event_id_mismatch");
     }

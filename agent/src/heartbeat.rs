@@ -332,6 +332,7 @@ pub async fn beat_once(
 mod tests {
     use super::*;
     use crate::edge::EdgeReply;
+    use callfence_core::refusal::Refusal;
     use serde_json::Value;
 
     fn observed() -> Observed {
@@ -492,7 +493,7 @@ mod tests {
                             None
                         )),
                     ),
-                    Err(e) => (401, json!({"error": e.code()})),
+                    Err(e) => (401, json!({"error": Refusal::from(e).code()})),
                 };
                 seen.lock()
                     .unwrap()

@@ -250,9 +250,7 @@ mod tests {
 
     fn invalid(v: &Value) {
         match parse_value(v) {
-            Err(e @ HeartbeatError::Invalid(_)) => {
-                assert_eq!(crate::refusal::Refusal::from(e).code(), "invalid_heartbeat")
-            }
+            Err(HeartbeatError::Invalid(_)) => {}
             other => panic!("expected Invalid for {v}, got {other:?}"),
         }
     }
@@ -300,10 +298,6 @@ mod tests {
         let got = parse(example().to_string().as_bytes(), "M4");
         assert_eq!(got, Err(HeartbeatError::NodeMismatch));
         let err = got.unwrap_err();
-        assert_eq!(
-            crate::refusal::Refusal::from(err.clone()).code(),
-            "invalid_heartbeat"
-        );
         assert!(err.to_string().contains("Callfence-Node"));
     }
 

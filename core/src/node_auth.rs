@@ -90,14 +90,6 @@ pub enum NodeAuthError {
     StaleTimestamp,
 }
 
-impl NodeAuthError {
-    /// Stable code: `bad_node_signature`, `unknown_node_key` or
-    /// `stale_timestamp` (the agent's fake edge answers with it).
-    pub fn code(&self) -> &'static str {
-        crate::refusal::Refusal::NodeAuth(*self).code()
-    }
-}
-
 impl fmt::Display for NodeAuthError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -249,7 +241,6 @@ mod tests {
         );
         assert_eq!(verify(&h, "PUT", HOST, PATH, BODY, NOW_MS, registry), bad);
         assert_eq!(verify(&h, "POST", HOST, PATH, b"{}", NOW_MS, registry), bad);
-        assert_eq!(NodeAuthError::BadNodeSignature.code(), "bad_node_signature");
     }
 
     #[test]
@@ -268,7 +259,6 @@ mod tests {
             verify(&h, "POST", HOST, PATH, BODY, NOW_MS, registry),
             unknown
         );
-        assert_eq!(NodeAuthError::UnknownNodeKey.code(), "unknown_node_key");
     }
 
     #[test]
@@ -304,7 +294,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(NodeAuthError::StaleTimestamp.code(), "stale_timestamp");
     }
 
     #[test]

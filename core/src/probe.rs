@@ -47,13 +47,6 @@ pub enum ProbeError {
     BadNonce,
 }
 
-impl ProbeError {
-    /// Stable code (the agent logs it): its [`crate::refusal::Refusal`]'s.
-    pub fn code(self) -> &'static str {
-        crate::refusal::Refusal::Probe(self).code()
-    }
-}
-
 /// True for 16–64 characters of `[A-Za-z0-9_-]`.
 pub fn valid_nonce(nonce: &str) -> bool {
     (MIN_NONCE..=MAX_NONCE).contains(&nonce.len())
@@ -214,10 +207,6 @@ mod tests {
             Err(ProbeError::BadRequest)
         );
         assert_eq!(parse_request(b"nope"), Err(ProbeError::BadRequest));
-        assert_eq!(
-            crate::refusal::Refusal::from(ProbeError::BadNonce).code(),
-            "bad_nonce"
-        );
     }
 
     #[test]

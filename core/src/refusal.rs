@@ -6,7 +6,7 @@
 //! `core/tests/refusal_docs.rs`.
 
 use crate::document::DocKind;
-use crate::engine::{DocError, EngineError, PendingReason};
+use crate::engine::{DocError, EngineError, HeartbeatRefusal, PendingReason};
 use crate::heartbeat::HeartbeatError;
 use crate::node_auth::NodeAuthError;
 use crate::probe::ProbeError;
@@ -392,6 +392,18 @@ impl From<HeartbeatError> for Refusal {
 impl From<BadRequest> for Refusal {
     fn from(e: BadRequest) -> Self {
         Refusal::BadRequest(e.0)
+    }
+}
+
+impl Refusal {
+    /// The refusal for a refused heartbeat, or the engine's own failure.
+    pub fn of_heartbeat(refused: HeartbeatRefusal) -> Result<Self, EngineError> {
+        Ok(match refused {
+            HeartbeatRefusal::Engine(e) => return Err(e),
+            HeartbeatRefusal::Invalid(detail) => Refusal::InvalidHeartbeat(detail),
+            HeartbeatRefusal::StaleSeq => Refusal::StaleSeq,
+            HeartbeatRefusal::UnknownNode => Refusal::NodeAuth(NodeAuthError::UnknownNodeKey),
+        })
     }
 }
 

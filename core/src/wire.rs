@@ -136,13 +136,6 @@ pub enum FenceRefusal {
     UnknownCall,
 }
 
-impl FenceRefusal {
-    /// The stable reason code (also the refusal's `error`).
-    pub fn code(self) -> &'static str {
-        crate::refusal::Refusal::Fence(self).code()
-    }
-}
-
 /// A refused fence (409), beside the `error` code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FenceRefused {
@@ -214,13 +207,6 @@ pub enum ClaimRefusal {
     AlreadyOwned,
     /// The claim would take the node over its capacity (v1.4).
     CapacityExhausted,
-}
-
-impl ClaimRefusal {
-    /// The stable reason code (also the refusal's `error`).
-    pub fn code(self) -> &'static str {
-        crate::refusal::Refusal::Claim(self).code()
-    }
 }
 
 /// A refused claim (409), beside the `error` code.
@@ -307,13 +293,6 @@ pub enum MediaRefusal {
     NotFenced,
     /// Every leg has hung up.
     CallEnded,
-}
-
-impl MediaRefusal {
-    /// The stable reason code (also the refusal's `error`).
-    pub fn code(self) -> &'static str {
-        crate::refusal::Refusal::Media(self).code()
-    }
 }
 
 /// A refused media token (409), beside the `error` code.
@@ -439,8 +418,6 @@ mod tests {
         ] {
             let got = FenceRequest::parse(bad);
             assert!(got.is_err(), "{}", String::from_utf8_lossy(bad));
-            let refusal = crate::refusal::Refusal::from(got.unwrap_err());
-            assert_eq!(refusal.code(), "bad_request");
         }
         let long = format!(
             r#"{{"call_session_id":"{}","call_control_id":"c","epoch":3,"purpose":"answer"}}"#,
@@ -518,31 +495,6 @@ mod tests {
             to_json(&MediaInvalid::from(MediaRefusal::NotFenced)),
             json!({"valid": false, "reason": "not_fenced"})
         );
-    }
-
-    #[test]
-    fn refusal_codes_are_the_serialised_names() {
-        for r in [
-            FenceRefusal::StaleEpoch,
-            FenceRefusal::NotOwner,
-            FenceRefusal::CallEnded,
-            FenceRefusal::UnknownCall,
-        ] {
-            assert_eq!(to_json(&r), json!(r.code()));
-        }
-        for r in [
-            MediaRefusal::BadToken,
-            MediaRefusal::Expired,
-            MediaRefusal::NotOwner,
-            MediaRefusal::StaleEpoch,
-            MediaRefusal::NotFenced,
-            MediaRefusal::CallEnded,
-        ] {
-            assert_eq!(to_json(&r), json!(r.code()));
-        }
-        for r in [ClaimRefusal::AlreadyOwned, ClaimRefusal::CapacityExhausted] {
-            assert_eq!(to_json(&r), json!(r.code()));
-        }
     }
 
     #[test]

@@ -104,7 +104,7 @@ test("make dev runs the demo nodes, a demo call is answered, a deploy goes live,
     // Free ports, not the example registry's 8701-8703.
     assert.doesNotMatch(out, /127\.0\.0\.1:87\d\d|127\.0\.0\.1:8787 /, out);
     assert.equal(dev.pids().length, 8, "workerd, the fake Telnyx API, and an agent and an app per node");
-    for (const file of ["keys/telnyx.seed", "keys/admin-token", "nodes/M1/node.key"]) {
+    for (const file of ["keys/telnyx.seed", "keys/admin-token", "keys/metrics-token", "nodes/M1/node.key"]) {
       assert.equal(statSync(join(dir, file)).mode & 0o777, 0o600, file);
     }
 
@@ -117,6 +117,14 @@ test("make dev runs the demo nodes, a demo call is answered, a deploy goes live,
     assert.match(call.stdout, /owner M3 at epoch \d+, state answered, fence granted/);
     assert.match(call.stdout, /call\.hangup: 200 .*the call is now ended/);
     assert.match(dev.log.out, /fake Telnyx: answer v3:demo-/);
+
+    // The edge's metrics, at the URL the banner prints, with the dev metrics token.
+    const info = JSON.parse(readFileSync(join(dir, "dev.json"), "utf8"));
+    assert.ok(out.includes(`edge metrics   ${info.metrics}`), out);
+    const metricsToken = readFileSync(info.metrics_token_file, "utf8").trim();
+    const scraped = await fetch(info.metrics, { headers: { authorization: `Bearer ${metricsToken}` } });
+    assert.equal(scraped.status, 200);
+    assert.match(await scraped.text(), /^callfence_webhooks_total\{outcome="delivered"\} [1-9]\d*$/m);
 
     // The README's deploy: M3 runs from releases/current; deploy the demo app repo's HEAD.
     const head = (await run("git", ["-C", join(dir, "demo-app"), "rev-parse", "HEAD"])).stdout.trim();
