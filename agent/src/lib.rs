@@ -37,7 +37,10 @@
 //!   the open-file budget.
 //! - [`local_auth`]: who may call the local API: Origin, Host, JSON, the
 //!   bearer token in `state_dir/local-api.token`.
-//! - [`local_api`]: the loopback API for the voice app (`/local/*`, probes).
+//! - [`local_api`]: the loopback API for the voice app (`/local/*`, probes,
+//!   `/metrics`).
+//! - [`metrics`]: the agent's Prometheus metrics and the `metrics_listen`
+//!   listener that serves only them.
 //! - [`telnyx_options`]: the Telnyx answer and dial options a caller may pass.
 //! - [`control`]: the Unix control socket the `deploy`, `rollback` and `job`
 //!   commands use (the agent's own user or root only).
@@ -74,6 +77,7 @@ pub mod ledger;
 pub mod local_api;
 pub mod local_auth;
 pub mod log;
+pub mod metrics;
 pub mod mode;
 pub mod net;
 pub mod notify;

@@ -27,6 +27,7 @@
 //! The edge's bodies are core's wire types ([`callfence_core::wire`]); this
 //! module never spells them with string keys.
 //! - `GET /local/status`: the running agent's last beat and mode.
+//! - `GET /metrics`: the agent's metrics ([`crate::metrics`]), with the token.
 //! - `GET /healthz`: 200 while the process serves.
 //! - `GET /readyz`: 200 only when the mode is `active`, the last beat is
 //!   fresh, accepted and eligible, and the app answers its status probe.
@@ -67,6 +68,7 @@ pub fn router(agent: Arc<Agent>, gate: Gate) -> Router {
         .route("/local/dial", post(dial))
         .route("/local/media/verify", post(media_verify))
         .route("/local/status", get(status))
+        .route("/metrics", get(|State(a)| crate::metrics::exposition(a)))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -168,6 +170,7 @@ async fn answer_inner(agent: &Arc<Agent>, body: &[u8]) -> Result<Response, Respo
     };
     let request = FenceRequest::answer(&session, &ccid, epoch);
     let fence = ask_fence(agent, &request).await;
+    crate::metrics::global().fence(&fence);
     let log_fields = |outcome: &str| json!({"call_session_id": session, "call_control_id": ccid, "epoch": epoch, "outcome": outcome});
     let unavailable = |edge_status: Option<u16>| {
         let mut body = json!({"answered": false, "reason": "fence_unavailable"});

@@ -137,6 +137,7 @@ async fn health(State(agent): State<Arc<Agent>>) -> Response {
 }
 
 fn refuse(reason: &str, event_id: Option<&str>) -> Response {
+    crate::metrics::global().forward_refused(reason);
     crate::log::warn(
         "webhook_refused",
         json!({"reason": reason, "event_id": event_id}),
@@ -208,7 +209,9 @@ async fn webhook(State(agent): State<Arc<Agent>>, headers: HeaderMap, body: Byte
         headers: forwarded_headers(&headers),
         attempts: 0,
     };
-    deliver(agent, pending, true).await.into_response()
+    let delivery = deliver(agent, pending, true).await;
+    crate::metrics::global().forwarded(&delivery);
+    delivery.into_response()
 }
 
 /// Verifies an assertion of kind `K` for this node and `body`.

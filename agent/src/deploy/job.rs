@@ -71,12 +71,14 @@ impl Slot {
 
     /// Adds a finished step to the running job.
     pub fn push(&self, step: StepRecord) {
+        crate::metrics::global().deploy_step(&step);
         if let Some(j) = self.lock().as_mut() {
             j.steps.push(step);
         }
     }
 
     fn finish(&self, outcome: Outcome) {
+        crate::metrics::global().deploy_finished(&outcome);
         if let Some(j) = self.lock().as_mut() {
             j.result = Some(outcome);
         }
