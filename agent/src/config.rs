@@ -865,11 +865,14 @@ mod tests {
         let c = from_toml(&example_toml("/var/lib/cf")).unwrap();
         assert_eq!((c.max_connections, c.telnyx_connection_id), (256, None));
         assert_eq!(c.timing.request_read_timeout_ms, 5_000);
+        assert_eq!(c.listen_metrics, None, "metrics on the local API only");
         let with = |listen: &str, telnyx: &str| {
             example_toml("/var/lib/cf")
                 .replace("[listen]\n", &format!("[listen]\n{listen}\n"))
                 .replace("[telnyx]\n", &format!("[telnyx]\n{telnyx}\n"))
         };
+        let c = from_toml(&with("metrics_listen = \"0.0.0.0:9464\"", "")).unwrap();
+        assert_eq!(c.listen_metrics, Some("0.0.0.0:9464".parse().unwrap()));
         let c = from_toml(&with("max_connections = 32", "connection_id = \"c-1\"")).unwrap();
         assert_eq!(
             (c.max_connections, c.telnyx_connection_id.as_deref()),
@@ -880,6 +883,7 @@ mod tests {
             ("max_connections = 65537", ""),
             ("", "connection_id = \"\""),
             ("", "connection_id = \"a b\""),
+            ("metrics_listen = \"localhost\"", ""),
         ] {
             assert!(
                 from_toml(&with(listen, telnyx)).is_err(),
