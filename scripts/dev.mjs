@@ -781,14 +781,15 @@ callfence dev is running. Ctrl-C stops everything.
   dev directory  ${DEV}  (secrets, state, logs; delete it to start afresh)
   dispatcher     ${url.padEnd(24)} workerd, state in ${paths.state}
   panel          ${`${url}/`.padEnd(24)} bearer: the admin token in ${paths.adminToken}
+  edge metrics   ${`${url}/v1/metrics`.padEnd(24)} bearer: the metrics token in ${paths.metricsToken}
   fake Telnyx    ${telnyxUrl.padEnd(24)} prints the commands it gets; GET ${telnyxUrl}/__record
   logs           ${paths.logs}/
   nodes (callfence-agent -> callfence-demo-app):
 ${NODES.map((n) => `    ${n.node}  origin ${originUrl(n)}  local API http://127.0.0.1:${n.local}  app http://127.0.0.1:${n.app}  config ${join(nodeDir(n), "agent.toml")}`).join("\n")}
   local API      bearer: <node>/state/local-api.token; deploy/rollback/job: the CLI, over <node>/state/control.sock
-  metrics        edge ${url}/v1/metrics (bearer: the metrics token in ${paths.metricsToken})
+  agent metrics  no token (each agent's listen.metrics_listen):
 ${NODES.map((n) => `                 ${n.node} ${metricsUrl(n)}`).join("\n")}
-                 \`make observe\` scrapes them all with Prometheus and the shipped alerting rules
+                 \`make observe\` scrapes them and the edge with Prometheus and the shipped alerting rules
   node status:
 ${rows.join("\n") || "    (no status yet)"}
   lines:
@@ -797,6 +798,7 @@ ${lines.join("\n") || "    (no status yet)"}
   try:  make demo-call             (a signed call.initiated for +15102160079)
         ${join(BIN_DIR, "callfence-agent")} --config ${join(nodeDir(NODES[2]), "agent.toml")} deploy --sha $(git -C ${paths.demoApp} rev-parse HEAD)
         curl -H "Authorization: Bearer $(cat ${paths.adminToken})" ${url}/v1/status
+        curl -H "Authorization: Bearer $(cat ${paths.metricsToken})" ${url}/v1/metrics
         curl -H "Authorization: Bearer $(cat ${join(nodeDir(NODES[0]), "state", "local-api.token")})" http://127.0.0.1:${NODES[0].local}/local/status
 
 `);

@@ -2,8 +2,10 @@
 //!
 //! `ADMIN_TOKENS` grant every bearer route; `POLICY_TOKENS` grant the
 //! business panel's routes (policy, preview, status, decisions, calls) and
-//! are refused 403 `forbidden` on operator-only routes. Without a valid
-//! token the answer is 401 `unauthorized`.
+//! are refused 403 `forbidden` on operator-only routes and on `GET
+//! /v1/metrics`; `METRICS_TOKENS` grant `GET /v1/metrics` and nothing else
+//! (403 `forbidden` everywhere else). Without a valid token the answer is
+//! 401 `unauthorized`.
 //!
 //! Tokens are compared as SHA-256 digests with a constant-time comparison
 //! against every configured token, so neither the outcome nor the position
@@ -29,6 +31,8 @@ pub enum Access {
     AdminOnly,
     /// A policy or an admin token (the business panel's routes).
     PolicyOrAdmin,
+    /// A metrics or an admin token (`GET /v1/metrics`).
+    MetricsOrAdmin,
 }
 
 /// What an accepted token grants.
@@ -38,6 +42,8 @@ pub enum Scope {
     Admin,
     /// A `POLICY_TOKENS` token.
     Policy,
+    /// A `METRICS_TOKENS` token.
+    Metrics,
 }
 
 /// An authenticated caller.
@@ -54,7 +60,9 @@ pub struct Caller {
 pub enum AuthError {
     /// No token, a malformed header, or an unknown token: 401.
     Unauthorized,
-    /// A policy token on an operator-only route: 403.
+    /// A token of another scope than the route's (a policy token on an
+    /// operator-only route or on metrics, a metrics token anywhere but
+    /// metrics): 403.
     Forbidden,
 }
 
@@ -73,6 +81,7 @@ impl AuthError {
 pub struct Tokens {
     admin: Vec<String>,
     policy: Vec<String>,
+    metrics: Vec<String>,
 }
 
 impl Tokens {
@@ -87,12 +96,31 @@ impl Tokens {
             .map_or(Some(Vec::new()), parse_list)
             .ok_or("POLICY_TOKENS");
         match (admin_tokens, policy_tokens) {
-            (Ok(admin), Ok(policy)) if !admin.iter().any(|a| policy.contains(a)) => {
-                Ok(Tokens { admin, policy })
-            }
+            (Ok(admin), Ok(policy)) if !admin.iter().any(|a| policy.contains(a)) => Ok(Tokens {
+                admin,
+                policy,
+                metrics: Vec::new(),
+            }),
             (Ok(_), Ok(_)) => Err(vec!["ADMIN_TOKENS", "POLICY_TOKENS"]),
             (admin, policy) => Err(admin.err().into_iter().chain(policy.err()).collect()),
         }
+    }
+
+    /// Adds `METRICS_TOKENS` (optional; the same rules as the others): a
+    /// token also in `ADMIN_TOKENS` or `POLICY_TOKENS` is refused. On error
+    /// no metrics token is added, and the error names the variable.
+    pub fn add_metrics(&mut self, metrics: Option<&str>) -> Result<(), &'static str> {
+        let tokens = metrics
+            .map_or(Some(Vec::new()), parse_list)
+            .ok_or("METRICS_TOKENS")?;
+        if tokens
+            .iter()
+            .any(|t| self.admin.contains(t) || self.policy.contains(t))
+        {
+            return Err("METRICS_TOKENS");
+        }
+        self.metrics = tokens;
+        Ok(())
     }
 
     /// Checks an `Authorization` header value against `access`.
@@ -113,12 +141,25 @@ impl Tokens {
         };
         let is_admin = matches(&self.admin);
         let is_policy = matches(&self.policy);
-        let scope = match (is_admin, is_policy, access) {
-            (true, _, _) => Scope::Admin,
-            (false, true, Access::PolicyOrAdmin) => Scope::Policy,
-            (false, true, Access::AdminOnly) => return Err(AuthError::Forbidden),
-            (false, false, _) => return Err(AuthError::Unauthorized),
+        let is_metrics = matches(&self.metrics);
+        let scope = if is_admin {
+            Scope::Admin
+        } else if is_policy {
+            Scope::Policy
+        } else if is_metrics {
+            Scope::Metrics
+        } else {
+            return Err(AuthError::Unauthorized);
         };
+        let granted = matches!(
+            (scope, access),
+            (Scope::Admin, _)
+                | (Scope::Policy, Access::PolicyOrAdmin)
+                | (Scope::Metrics, Access::MetricsOrAdmin)
+        );
+        if !granted {
+            return Err(AuthError::Forbidden);
+        }
         Ok(Caller {
             scope,
             fingerprint: digest[..FINGERPRINT_HEX].to_owned(),
@@ -162,9 +203,12 @@ mod tests {
     const ADMIN: &str = "admin-token-0123456789abcdefghijklmnop";
     const ADMIN2: &str = "second-admin-0123456789abcdefghijklmn";
     const POLICY: &str = "policy-token-0123456789abcdefghijklmno";
+    const METRICS: &str = "metrics-token-0123456789abcdefghijklmn";
 
     fn tokens() -> Tokens {
-        Tokens::parse(Some(&format!("{ADMIN}, {ADMIN2}")), Some(POLICY)).unwrap()
+        let mut tokens = Tokens::parse(Some(&format!("{ADMIN}, {ADMIN2}")), Some(POLICY)).unwrap();
+        tokens.add_metrics(Some(METRICS)).unwrap();
+        tokens
     }
 
     #[test]
@@ -191,6 +235,45 @@ mod tests {
             tokens().authorize(Some(&header), Access::AdminOnly),
             Err(AuthError::Forbidden)
         );
+    }
+
+    #[test]
+    fn metrics_tokens_read_metrics_and_nothing_else() {
+        let all = [
+            Access::AdminOnly,
+            Access::PolicyOrAdmin,
+            Access::MetricsOrAdmin,
+        ];
+        for access in all {
+            let metrics = tokens().authorize(Some(&format!("Bearer {METRICS}")), access);
+            let policy = tokens().authorize(Some(&format!("Bearer {POLICY}")), access);
+            let admin = tokens().authorize(Some(&format!("Bearer {ADMIN}")), access);
+            assert_eq!(admin.unwrap().scope, Scope::Admin);
+            if access == Access::MetricsOrAdmin {
+                assert_eq!(metrics.unwrap().scope, Scope::Metrics);
+                assert_eq!(policy, Err(AuthError::Forbidden));
+            } else {
+                assert_eq!(metrics, Err(AuthError::Forbidden), "{access:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn metrics_tokens_follow_the_same_rules_and_never_repeat_another_scope() {
+        let mut tokens = Tokens::parse(Some(ADMIN), Some(POLICY)).unwrap();
+        assert_eq!(tokens.add_metrics(Some("short")), Err("METRICS_TOKENS"));
+        assert_eq!(tokens.add_metrics(Some(ADMIN)), Err("METRICS_TOKENS"));
+        assert_eq!(tokens.add_metrics(Some(POLICY)), Err("METRICS_TOKENS"));
+        let header = format!("Bearer {METRICS}");
+        assert_eq!(
+            tokens.authorize(Some(&header), Access::MetricsOrAdmin),
+            Err(AuthError::Unauthorized)
+        );
+        assert_eq!(tokens.add_metrics(None), Ok(()));
+        assert_eq!(tokens.add_metrics(Some(METRICS)), Ok(()));
+        assert!(tokens
+            .authorize(Some(&header), Access::MetricsOrAdmin)
+            .is_ok());
     }
 
     #[test]

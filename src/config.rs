@@ -9,7 +9,7 @@
 //! |---|---|
 //! | `ingress` | `TELNYX_PUBLIC_KEY`, `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, optional `TELNYX_CONNECTION_IDS`, `FORWARD_TIMEOUT_MS`, `SESSION_CAP` |
 //! | `node_routes` | `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, `MEDIA_TOKEN_KEYS`, optional `EDGE_HOSTNAMES` |
-//! | `admin` | `ADMIN_TOKENS`, optional `POLICY_TOKENS`, `ORIGIN_ALLOW_PLAINTEXT` |
+//! | `admin` | `ADMIN_TOKENS`, optional `POLICY_TOKENS` and `METRICS_TOKENS`, `ORIGIN_ALLOW_PLAINTEXT` |
 //! | `key_publication` (`GET /v1/keys`) | `EDGE_SIGNING_KEY` + `EDGE_KEY_ID`, optional `EDGE_NEXT_PUBLIC_KEYS` |
 //!
 //! The environment of a Worker is fixed for the life of an isolate, so
@@ -49,7 +49,7 @@ pub enum Capability {
     Ingress,
     /// Node-signed routes: the edge signing key and the media keys.
     NodeRoutes,
-    /// Bearer-token routes: admin and policy tokens.
+    /// Bearer-token routes: admin, policy and metrics tokens.
     Admin,
     /// `GET /v1/keys`: the active edge key and the keys published next.
     KeyPublication,
@@ -138,7 +138,7 @@ pub struct NodeRoutes {
 /// Settings of the `admin` capability.
 #[derive(Debug, Clone)]
 pub struct Admin {
-    /// The admin and policy bearer tokens.
+    /// The admin, policy and metrics bearer tokens.
     pub tokens: Tokens,
     /// `ORIGIN_ALLOW_PLAINTEXT`: registry origins may be `http://`.
     pub allow_plaintext: bool,
@@ -254,10 +254,17 @@ impl Config {
         let media = var("MEDIA_TOKEN_KEYS")
             .and_then(|csv| MediaKeys::parse(&csv).ok())
             .ok_or("MEDIA_TOKEN_KEYS");
+        let metrics_tokens = var("METRICS_TOKENS");
         let tokens = Tokens::parse(
             var("ADMIN_TOKENS").as_deref(),
             var("POLICY_TOKENS").as_deref(),
-        );
+        )
+        .and_then(|mut tokens| {
+            tokens
+                .add_metrics(metrics_tokens.as_deref())
+                .map_err(|name| vec![name])?;
+            Ok(tokens)
+        });
         let allow_plaintext =
             parse_bool(var("ORIGIN_ALLOW_PLAINTEXT").as_deref()).ok_or("ORIGIN_ALLOW_PLAINTEXT");
         let next_keys = parse_next_keys(var("EDGE_NEXT_PUBLIC_KEYS").as_deref());
@@ -699,6 +706,26 @@ mod tests {
             vars.insert(name, "short".into());
             let config = parse(&vars);
             assert_eq!(faulty(&config, Capability::Admin), [name]);
+            assert!(config.ingress.is_ok() && config.node_routes.is_ok());
+        }
+    }
+
+    #[test]
+    fn metrics_tokens_are_optional_and_a_bad_list_disables_admin_only() {
+        let mut vars = complete();
+        vars.insert(
+            "METRICS_TOKENS",
+            "metrics-token-0123456789abcdefghijklmn".into(),
+        );
+        assert!(parse(&vars).all_ok());
+        for bad in ["short", ADMIN, POLICY] {
+            vars.insert("METRICS_TOKENS", bad.into());
+            let config = parse(&vars);
+            assert_eq!(
+                faulty(&config, Capability::Admin),
+                ["METRICS_TOKENS"],
+                "{bad}"
+            );
             assert!(config.ingress.is_ok() && config.node_routes.is_ok());
         }
     }

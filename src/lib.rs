@@ -21,6 +21,7 @@
 //! - [`probe`]: the L5 probe `POST /v1/nodes/probe` (SPEC §14).
 //! - [`panel`]: documents, preview, status, decisions, calls.
 //! - [`dashboard`]: the read-only page at `/`.
+//! - [`metrics`]: `GET /v1/metrics`, and the webhooks this isolate refused.
 //! - [`reply`]: JSON replies, error codes to HTTP, body size limits.
 //! - [`log`]: one JSON line per request, secrets never included.
 //! - [`request_url`]: the host and query parameters of a request's URL.
@@ -50,6 +51,7 @@ pub mod forward;
 pub mod health;
 pub mod ingress;
 pub mod log;
+pub mod metrics;
 pub mod node_keys;
 pub mod node_routes;
 pub mod panel;
@@ -84,6 +86,7 @@ async fn fetch(req: Request, env: Env, ctx: Context) -> worker::Result<Response>
     }
     .or_else(|_| Response::error("internal error", 500))?;
     log.emit(response.status_code(), clock::now_ms() - started);
+    metrics::report_due(&env, &ctx, clock::now_ms());
     Ok(response)
 }
 
@@ -139,6 +142,7 @@ pub async fn serve(
                     let documents = health::ping(env).await;
                     Answer::ok(health::health(&config, documents))
                 }
+                Route::Metrics => return metrics::scrape(env, clock::now_ms()).await,
                 _ => panel::handle(env, &req, &route, &caller, body).await?,
             }
         }
@@ -165,34 +169,14 @@ pub async fn serve(
                 .ingress
                 .as_ref()
                 .map_err(|_| ApiError::misconfigured(Capability::Ingress.as_str()))?;
-            let body = read_body(&mut req, route.body_limit()).await?;
-            let header = |name: &str| req.headers().get(name).ok().flatten();
-            telnyx::verify(
-                &ingress.telnyx,
-                header("telnyx-signature-ed25519").as_deref(),
-                header("telnyx-timestamp").as_deref(),
-                &body,
-                clock::now_ms(),
-            )
-            .map_err(|e| ApiError::new(401, e.code()))?;
-            let envelope =
-                telnyx::parse_envelope(&body).map_err(|e| ApiError::new(400, e.code()))?;
-            log.event_id(&envelope.event_id);
-            if let Some(session) = envelope.session_hint() {
-                log.call_session_id(session);
-            }
-            for (field, number) in [("from", &envelope.from), ("to", &envelope.to)] {
-                if let Some(number) = number {
-                    log.number(field, number);
-                }
-            }
-            let headers = ingress::carried_headers(&req);
-            let webhook = ingress::Webhook {
-                envelope,
-                body,
-                headers,
-                received_at_ms,
-            };
+            let webhook =
+                match verified_webhook(&mut req, ingress, &route, log, received_at_ms).await {
+                    Ok(webhook) => webhook,
+                    Err(refused) => {
+                        metrics::count_refused();
+                        return Err(refused);
+                    }
+                };
             ingress::handle(env, ctx, ingress, webhook, log).await?
         }
     };
@@ -204,6 +188,45 @@ pub async fn serve(
     answer
         .into_response()
         .map_err(|_| ApiError::new(500, "internal"))
+}
+
+/// A carrier webhook read within its limit, verified and parsed (SPEC §7.1,
+/// §7.2); the error is the refusal the Worker answers without the
+/// Dispatcher.
+async fn verified_webhook(
+    req: &mut Request,
+    ingress: &config::Ingress,
+    route: &Route,
+    log: &mut log::RequestLog,
+    received_at_ms: i64,
+) -> Result<ingress::Webhook, ApiError> {
+    let body = read_body(req, route.body_limit()).await?;
+    let header = |name: &str| req.headers().get(name).ok().flatten();
+    telnyx::verify(
+        &ingress.telnyx,
+        header("telnyx-signature-ed25519").as_deref(),
+        header("telnyx-timestamp").as_deref(),
+        &body,
+        clock::now_ms(),
+    )
+    .map_err(|e| ApiError::new(401, e.code()))?;
+    let envelope = telnyx::parse_envelope(&body).map_err(|e| ApiError::new(400, e.code()))?;
+    log.event_id(&envelope.event_id);
+    if let Some(session) = envelope.session_hint() {
+        log.call_session_id(session);
+    }
+    for (field, number) in [("from", &envelope.from), ("to", &envelope.to)] {
+        if let Some(number) = number {
+            log.number(field, number);
+        }
+    }
+    let headers = ingress::carried_headers(req);
+    Ok(ingress::Webhook {
+        envelope,
+        body,
+        headers,
+        received_at_ms,
+    })
 }
 
 /// The public routes' answers.

@@ -59,6 +59,8 @@
 //! | `Preview` | the request body | the §13 preview, relayed |
 //! | `Status`, `Decisions` (`limit`?, `call_session_id`?, `after`?), `Call` (`id`), `Calls` (`limit`?, `after`?), `Events` (`limit`?, `after`?) | none | the §13 views and the paged reads, relayed |
 //! | `Probe` (`node`, `kid`) | none | [`ProbeTarget`], or 429 `rate_limited` |
+//! | `Metrics` (`refused`) | none | [`Scraped`]: the object's samples, after adding the Worker isolate's pending `refused` count (SPEC §17) |
+//! | `CountRefused` (`refused`) | none | `{}`: a Worker isolate's batch of webhooks refused before the Dispatcher |
 //! | `Profile` | none | the Dispatcher's time per operation (`dispatcher::profile`; `make bench` only) |
 //! | `WritesOnly` (`id`, `node`, `origin_url`) | an event body | `{"written":true}`; `make bench` only, under `CALLFENCE_TEST_WRITES_ONLY` |
 //!
@@ -208,6 +210,20 @@ pub enum Request {
         /// The call session id.
         id: String,
     },
+    /// A scrape (SPEC §17): the object's metric samples. Adds the
+    /// scraping Worker isolate's pending count of refused webhooks first,
+    /// so a scrape shows every refusal that isolate saw. Writes nothing.
+    Metrics {
+        /// Webhooks the isolate refused (§7.1) and has not reported yet.
+        #[serde(default)]
+        refused: u64,
+    },
+    /// A Worker isolate's batch of webhooks refused before the Dispatcher
+    /// (at most one a second per isolate). Writes nothing.
+    CountRefused {
+        /// How many.
+        refused: u64,
+    },
     /// Where the Dispatcher's time went, per operation (for `make bench`;
     /// no public route serves it).
     Profile,
@@ -254,6 +270,8 @@ impl Request {
             Request::Call { .. } => "call",
             Request::Calls { .. } => "calls",
             Request::Events { .. } => "events",
+            Request::Metrics { .. } => "metrics",
+            Request::CountRefused { .. } => "count_refused",
             Request::Profile => "profile",
             Request::Probe { .. } => "probe",
             Request::WritesOnly { .. } => "writes_only",
@@ -280,6 +298,8 @@ impl Request {
             | Request::Call { .. }
             | Request::Calls { .. }
             | Request::Events { .. }
+            | Request::Metrics { .. }
+            | Request::CountRefused { .. }
             | Request::Profile
             | Request::WritesOnly { .. } => None,
         }
@@ -308,6 +328,8 @@ impl Request {
             | Request::Call { .. }
             | Request::Calls { .. }
             | Request::Events { .. }
+            | Request::Metrics { .. }
+            | Request::CountRefused { .. }
             | Request::Profile
             | Request::WritesOnly { .. } => false,
         }
@@ -468,6 +490,13 @@ pub struct DocumentRead {
     pub revision: u64,
     /// The document, `revision` filled in.
     pub document: Value,
+}
+
+/// `Metrics`' result: one object's samples (SPEC §17).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scraped {
+    /// Its counters and gauges.
+    pub samples: Vec<callfence_core::metrics::Sample>,
 }
 
 /// `PutDocument`'s result.

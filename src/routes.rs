@@ -57,6 +57,8 @@ pub enum Route {
     /// `GET /v1/events`: the event ledger's raw webhooks, a page at a time
     /// (the replay export).
     Events,
+    /// `GET /v1/metrics`: the Prometheus exposition (SPEC §17).
+    Metrics,
 }
 
 /// Who may call a route.
@@ -105,6 +107,7 @@ impl Route {
             "/v1/decisions" => (&["GET"], |_| Route::Decisions),
             "/v1/calls" => (&["GET"], |_| Route::Calls),
             "/v1/events" => (&["GET"], |_| Route::Events),
+            "/v1/metrics" => (&["GET"], |_| Route::Metrics),
             _ => {
                 let id = path
                     .strip_prefix("/v1/calls/")
@@ -142,7 +145,8 @@ impl Route {
             | Route::Decisions
             | Route::Call(_)
             | Route::Calls
-            | Route::Events => Some(Capability::Admin),
+            | Route::Events
+            | Route::Metrics => Some(Capability::Admin),
         }
     }
 
@@ -164,6 +168,7 @@ impl Route {
             | Route::Decisions
             | Route::Call(_)
             | Route::Calls => Guard::Bearer(Access::PolicyOrAdmin),
+            Route::Metrics => Guard::Bearer(Access::MetricsOrAdmin),
         }
     }
 
@@ -214,6 +219,7 @@ mod tests {
             ("GET", "/v1/decisions", Route::Decisions),
             ("GET", "/v1/calls", Route::Calls),
             ("GET", "/v1/events", Route::Events),
+            ("GET", "/v1/metrics", Route::Metrics),
             (
                 "GET",
                 "/v1/calls/v3:abc-123",

@@ -19,6 +19,18 @@ pub enum DecisionOutcome {
     Rejected,
 }
 
+impl DecisionOutcome {
+    /// The stable code: `assigned`, `reassigned`, `pending` or `rejected`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionOutcome::Assigned => "assigned",
+            DecisionOutcome::Reassigned => "reassigned",
+            DecisionOutcome::Pending => "pending",
+            DecisionOutcome::Rejected => "rejected",
+        }
+    }
+}
+
 /// One decision, as stored and as served by `GET /v1/decisions`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Decision {

@@ -38,6 +38,8 @@
 //! - [`outcome`]: classification of an origin's answer to a forward.
 //! - [`admission`]: shedding webhooks the Dispatcher cannot take in time.
 //! - [`rate`]: token buckets as one stored number (a node's claims).
+//! - [`metrics`]: the edge's metric families, counters, gauges and their
+//!   Prometheus text exposition (SPEC §17).
 //!
 //! State (SQL through [`store::Store`], schema in `migrations/`):
 //! - [`store`]: the storage trait, values, migrations runner, rusqlite backend.
@@ -91,6 +93,7 @@ pub mod engine;
 pub mod fence;
 pub mod heartbeat;
 pub mod media;
+pub mod metrics;
 pub mod node_auth;
 pub mod number;
 pub mod origin_host;

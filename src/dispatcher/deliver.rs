@@ -10,6 +10,7 @@
 //! decision and the report are each one atomic unit, as when the Worker
 //! reported. The alarm's re-drives use the same send.
 
+use super::counting;
 use super::ops::{encode, report_way};
 use crate::clock::now_ms;
 use crate::config::EdgeKey;
@@ -39,8 +40,11 @@ pub async fn send_and_report<S: Store>(
     } else {
         0
     };
+    let class = answer.class();
     let report = Report::of(forward, hop, answer, budget_left_ms);
-    Ok((engine.handle_report(&report, now)?, waited))
+    let effect = engine.handle_report(&report, now)?;
+    counting::report(engine.metrics(), &forward.node, class, &effect, reforward);
+    Ok((effect, waited))
 }
 
 /// Delivers a webhook's event: forwards, reports, and follows the call to

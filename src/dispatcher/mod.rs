@@ -9,6 +9,7 @@
 
 // The #[durable_object] macro adds undocumented wasm-bindgen glue methods to
 // the type; everything in `object` written by hand is documented.
+pub mod counting;
 mod deliver;
 #[allow(missing_docs)]
 mod object;

@@ -3,9 +3,11 @@
 //! become [`Refusal`]s here, and [`Refusal::status`] turns them into HTTP
 //! statuses.
 
+use super::counting;
 use super::profile::Profile;
 use crate::protocol::{
-    self, DocumentRead, Documents, Message, Next, NodeKeys, Present, ProbeTarget, Request, Written,
+    self, DocumentRead, Documents, Message, Next, NodeKeys, Present, ProbeTarget, Request, Scraped,
+    Written,
 };
 use crate::refusal::{DocumentRefusal, Refusal};
 use callfence_core::admission;
@@ -15,6 +17,7 @@ use callfence_core::engine::{
     PreviewRequest, ProbeAdmission, ReportEffect,
 };
 use callfence_core::media::MediaKeys;
+use callfence_core::metrics::{ClaimLimit, Count, WebhookOutcome};
 use callfence_core::store::Store;
 use callfence_core::telnyx::{parse_envelope, Envelope};
 use callfence_core::wire::{ClaimRefusal, Claimed, MediaValid};
@@ -108,6 +111,9 @@ pub fn serve<S: Store>(
             received_at_ms,
         } => {
             if !admission::admits_webhook(*received_at_ms, now_ms) {
+                engine
+                    .metrics()
+                    .count(Count::Webhook(WebhookOutcome::Overloaded));
                 Err(Refusal::Overloaded)
             } else {
                 match webhook(engine, envelope.as_ref(), headers, payload, now_ms)? {
@@ -127,22 +133,30 @@ pub fn serve<S: Store>(
             node,
             kid,
             signed_at_s,
-        } => match engine.handle_heartbeat(caller(node, kid), *signed_at_s, payload, now_ms) {
-            Ok(answer) => done(&answer),
-            Err(HeartbeatRefusal::Engine(e)) => return Err(e),
-            Err(HeartbeatRefusal::Invalid(detail)) => Err(Refusal::InvalidHeartbeat(detail)),
-            Err(HeartbeatRefusal::StaleSeq) => Err(Refusal::StaleSeq),
-            Err(HeartbeatRefusal::UnknownNode) => Err(Refusal::UnknownNodeKey),
-        },
+        } => {
+            let beat = engine.handle_heartbeat(caller(node, kid), *signed_at_s, payload, now_ms);
+            counting::heartbeat(engine.metrics(), node, &beat);
+            match beat {
+                Ok(answer) => done(&answer),
+                Err(HeartbeatRefusal::Engine(e)) => return Err(e),
+                Err(HeartbeatRefusal::Invalid(detail)) => Err(Refusal::InvalidHeartbeat(detail)),
+                Err(HeartbeatRefusal::StaleSeq) => Err(Refusal::StaleSeq),
+                Err(HeartbeatRefusal::UnknownNode) => Err(Refusal::UnknownNodeKey),
+            }
+        }
         Request::Fence { node, kid } => match media {
             None => Err(Refusal::MediaKeysMissing),
             Some(media) => match parse(payload, FenceRequest::parse) {
                 Err(refusal) => Err(refusal),
-                Ok(req) => match engine.handle_fence(caller(node, kid), &req, media, now_ms)? {
-                    FenceReply::Granted(grant) => done(&grant),
-                    FenceReply::UnknownNodeKey => Err(Refusal::UnknownNodeKey),
-                    FenceReply::Refused(r) => Err(Refusal::Fence(r)),
-                },
+                Ok(req) => {
+                    let reply = engine.handle_fence(caller(node, kid), &req, media, now_ms)?;
+                    counting::fence(engine.metrics(), &reply);
+                    match reply {
+                        FenceReply::Granted(grant) => done(&grant),
+                        FenceReply::UnknownNodeKey => Err(Refusal::UnknownNodeKey),
+                        FenceReply::Refused(r) => Err(Refusal::Fence(r)),
+                    }
+                }
             },
         },
         Request::Claim { node, kid } => match parse(payload, ClaimRequest::parse) {
@@ -154,9 +168,11 @@ pub fn serve<S: Store>(
                 } => done(&Claimed::new(&call_session_id, epoch)),
                 ClaimReply::AlreadyOwned => Err(Refusal::Claim(ClaimRefusal::AlreadyOwned)),
                 ClaimReply::CapacityExhausted => {
+                    counting::claim_refused(engine.metrics(), node, ClaimLimit::Capacity);
                     Err(Refusal::Claim(ClaimRefusal::CapacityExhausted))
                 }
                 ClaimReply::RateLimited { retry_after_s } => {
+                    counting::claim_refused(engine.metrics(), node, ClaimLimit::Rate);
                     Err(Refusal::RateLimited(retry_after_s))
                 }
                 ClaimReply::StorageFull => Err(Refusal::StorageFull),
@@ -215,6 +231,16 @@ pub fn serve<S: Store>(
             Some(call) => done(&call),
             None => Err(Refusal::UnknownCall),
         },
+        Request::Metrics { refused } => {
+            counting::refused(engine.metrics(), *refused);
+            done(&Scraped {
+                samples: counting::samples(engine, now_ms)?,
+            })
+        }
+        Request::CountRefused { refused } => {
+            counting::refused(engine.metrics(), *refused);
+            done(&json!({}))
+        }
         Request::Profile => done(profile),
         Request::Probe { node, .. } => match engine.handle_probe(node, now_ms)? {
             ProbeAdmission::Send { origin_url } => done(&ProbeTarget { origin_url }),
@@ -265,20 +291,20 @@ fn webhook<S: Store>(
         return Ok(Err(Refusal::BadEnvelope));
     };
     let event_id = &envelope.event_id;
-    Ok(
-        match engine.handle_webhook(envelope, body, headers, now_ms)? {
-            Ingress::Forward(f) => Ok(Next::Forward(Box::new(f))),
-            Ingress::Delivered(d) => Ok(Next::Answer(json!(d))),
-            Ingress::Ignored => Ok(Next::Answer(json!({"ignored": true, "event_id": event_id}))),
-            Ingress::Unroutable => Ok(Next::Answer(
-                json!({"unroutable": true, "event_id": event_id}),
-            )),
-            Ingress::InProgress => Err(Refusal::InProgress),
-            Ingress::Pending(reason) => Err(Refusal::Pending(reason)),
-            Ingress::Rejected => Err(Refusal::Pending(PendingReason::NoEligibleNode)),
-            Ingress::StorageFull => Err(Refusal::StorageFull),
-        },
-    )
+    let ingress = engine.handle_webhook(envelope, body, headers, now_ms)?;
+    counting::ingress(engine.metrics(), &ingress);
+    Ok(match ingress {
+        Ingress::Forward(f) => Ok(Next::Forward(Box::new(f))),
+        Ingress::Delivered(d) => Ok(Next::Answer(json!(d))),
+        Ingress::Ignored => Ok(Next::Answer(json!({"ignored": true, "event_id": event_id}))),
+        Ingress::Unroutable => Ok(Next::Answer(
+            json!({"unroutable": true, "event_id": event_id}),
+        )),
+        Ingress::InProgress => Err(Refusal::InProgress),
+        Ingress::Pending(reason) => Err(Refusal::Pending(reason)),
+        Ingress::Rejected => Err(Refusal::Pending(PendingReason::NoEligibleNode)),
+        Ingress::StorageFull => Err(Refusal::StorageFull),
+    })
 }
 
 /// The caller of a node request. The engine re-checks the pair against its

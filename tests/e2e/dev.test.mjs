@@ -107,7 +107,7 @@ test("make dev runs the demo nodes, a demo call is answered, a deploy goes live,
     // Free ports, not the example registry's 8701-8703.
     assert.doesNotMatch(out, /127\.0\.0\.1:87\d\d|127\.0\.0\.1:8787 /, out);
     assert.equal(dev.pids().length, 8, "workerd, the fake Telnyx API, and an agent and an app per node");
-    for (const file of ["keys/telnyx.seed", "keys/admin-token", "nodes/M1/node.key"]) {
+    for (const file of ["keys/telnyx.seed", "keys/admin-token", "keys/metrics-token", "nodes/M1/node.key"]) {
       assert.equal(statSync(join(dir, file)).mode & 0o777, 0o600, file);
     }
 
@@ -121,10 +121,17 @@ test("make dev runs the demo nodes, a demo call is answered, a deploy goes live,
     assert.match(call.stdout, /call\.hangup: 200 .*the call is now ended/);
     assert.match(dev.log.out, /fake Telnyx: answer v3:demo-/);
 
+    // The edge's metrics, at the URL the banner prints, with the dev metrics token.
+    const info = JSON.parse(readFileSync(join(dir, "dev.json"), "utf8"));
+    assert.ok(out.includes(`edge metrics   ${info.metrics}`), out);
+    const metricsToken = readFileSync(info.metrics_token_file, "utf8").trim();
+    const scraped = await fetch(info.metrics, { headers: { authorization: `Bearer ${metricsToken}` } });
+    assert.equal(scraped.status, 200);
+    assert.match(await scraped.text(), /^callfence_webhooks_total\{outcome="delivered"\} [1-9]\d*$/m);
+
     // The metrics: the banner names each agent's metrics URL, and `make
     // observe` (scripts/observe.mjs) has a real Prometheus scrape them all
     // and the edge with the dev metrics token.
-    const info = JSON.parse(readFileSync(join(dir, "dev.json"), "utf8"));
     for (const [node, n] of Object.entries(info.nodes)) {
       assert.ok(out.includes(`${node} ${n.metrics}`), out);
       assert.match(await (await fetch(n.metrics)).text(), /^callfence_agent_info\{/m, node);

@@ -9,6 +9,7 @@ use super::routing::DecisionSubject;
 use super::rows::{event_state as st, SessionRow};
 use super::{Engine, EngineError, Forward};
 use crate::decision::DecisionOutcome;
+use crate::metrics::{Count, WebhookOutcome};
 use crate::store::Store;
 
 /// Decisions kept, newest first.
@@ -79,6 +80,7 @@ impl<S: Store> Engine<S> {
             };
             let Some(session) = q.session(&session_id)? else {
                 q.set_event_state(&event.event_id, st::REJECTED, now_ms)?;
+                self.metrics.stage(Count::Webhook(WebhookOutcome::Rejected));
                 continue;
             };
             let Ownership::Unowned(unowned) = Ownership::of(session) else {
@@ -106,6 +108,7 @@ impl<S: Store> Engine<S> {
     fn reject(&self, session: &SessionRow, event_id: &str, now_ms: i64) -> Result<(), EngineError> {
         let q = self.q();
         q.set_event_state(event_id, st::REJECTED, now_ms)?;
+        self.metrics.stage(Count::Webhook(WebhookOutcome::Rejected));
         let routed = self.route_session(session, now_ms)?;
         let subject = DecisionSubject {
             session: Some(&session.id),

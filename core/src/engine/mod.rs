@@ -74,6 +74,7 @@ pub use requests::{BadRequest, ClaimRequest, FenceRequest, MediaVerifyRequest, P
 
 use crate::document::DocKind;
 use crate::eligibility::Beat;
+use crate::metrics::Counters;
 use crate::policy::RoutingPolicy;
 use crate::registry::NodeRegistry;
 use crate::store::{Store, StoreError};
@@ -236,6 +237,8 @@ pub struct Engine<S: Store> {
     cache: RefCell<Cache>,
     /// Requests refused under a limit since this engine started.
     refused: std::cell::Cell<Refused>,
+    /// The metrics counted since this engine started (SPEC §17).
+    metrics: Counters,
 }
 
 impl<S: Store> Engine<S> {
@@ -246,7 +249,15 @@ impl<S: Store> Engine<S> {
             config,
             cache: RefCell::new(Cache::default()),
             refused: std::cell::Cell::new(Refused::default()),
+            metrics: Counters::default(),
         }
+    }
+
+    /// The metrics counted since this engine started: the engine stages
+    /// its decisions and the alarm's rejections within their units, and the
+    /// Dispatcher counts answers here.
+    pub fn metrics(&self) -> &Counters {
+        &self.metrics
     }
 
     /// The storage backend (for tests and the simulation's checker). Writes
@@ -296,6 +307,9 @@ impl<S: Store> Engine<S> {
         cache.alarm = None;
         if result.is_err() {
             *cache = Cache::default();
+            self.metrics.discard();
+        } else {
+            self.metrics.commit();
         }
         result
     }

@@ -7,6 +7,7 @@ use super::rows::SessionRow;
 use super::{Engine, EngineError};
 use crate::decision::{Decision, DecisionOutcome};
 use crate::eligibility::{self, LineRef};
+use crate::metrics::Count;
 use crate::policy::{Resolution, RoutingPolicy, Rule};
 use crate::registry::NodeRegistry;
 use crate::selection::{select, Selection};
@@ -212,6 +213,9 @@ impl<S: Store> Engine<S> {
             serde_json::to_string(&decision).map_err(|e| EngineError::Corrupt(e.to_string()))?;
         self.q()
             .insert_decision(decision_id, now_ms, subject.session, subject.event, &body)?;
+        let rule = decision.rule.as_ref().map_or("none", Rule::as_str);
+        self.metrics
+            .stage(Count::Decision(rule, decision.outcome.as_str()));
         Ok(decision_id)
     }
 
