@@ -221,6 +221,7 @@ describe("a real Prometheus scrapes the edge and the agents", () => {
     assert.equal(await value('callfence_node_eligible{node="M2"}'), 0);
     assert.equal(await value('callfence_node_ineligible_reason{node="M2",reason="mode_drained"}'), 1);
     assert.equal(await value('callfence_node_eligible{node="M1"}'), 1);
+    assert.equal(await value(`callfence_line_route{line="${LINE.id}",preferred="M1",target="M1"}`), 1);
     assert.equal(await value('callfence_agent_mode{node="M2",mode="drained"}'), 1);
     assert.equal(await value('callfence_agent_mode{node="M2",mode="active"}'), 0);
     assert.equal(await value('callfence_agent_eligible{node="M2"}'), 0);
