@@ -162,7 +162,7 @@ pub fn global() -> &'static Metrics {
 }
 
 /// `code` when it is a short lowercase code (`[a-z][a-z0-9_]*`, at most
-/// [`MAX_CODE_LEN`] bytes), else `other`: what reaches a label from the
+/// 48 bytes), else `other`: what reaches a label from the
 /// edge or from an error is never an id, a number or a token.
 pub fn code_label(code: &str) -> String {
     let is_code = code.len() <= MAX_CODE_LEN
