@@ -2,6 +2,14 @@
 //! 0.0.4, written by the Prometheus project's own client
 //! (`prometheus-client`): the agent never spells the format itself.
 //!
+//! Why `prometheus-client` rather than `metrics` with
+//! `metrics-exporter-prometheus`: it is the Prometheus project's own client;
+//! families are typed values with label sets as Rust types (a label cannot
+//! be misspelt at one call site), not string-keyed macros behind a
+//! process-wide recorder; it writes the text format 0.0.4 the edge serves;
+//! and it brings no HTTP server, runtime task or protobuf, so the agent
+//! serves the text from its own bounded listeners ([`crate::serve`]).
+//!
 //! One [`Metrics`] per process ([`global`]): the tasks that see an event
 //! (the heartbeat loop, the origin proxy, the local API, the deploy job)
 //! count it with one call, and a scrape ([`Metrics::render`]) adds what is
