@@ -214,9 +214,8 @@ impl Default for Metrics {
 impl Metrics {
     /// A registry with every family, the usual series at 0.
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("callfence_agent");
-        let m = Metrics {
-            registry: Registry::default(),
+        let mut m = Metrics {
+            registry: Registry::with_prefix("callfence_agent"),
             beats: Family::default(),
             beats_refused: Family::default(),
             last_accepted_ms: AtomicI64::new(0),
@@ -233,72 +232,72 @@ impl Metrics {
             deploys: Family::default(),
             info: Family::default(),
         };
-        registry.register(
+        m.registry.register(
             "beats",
             "Heartbeats sent, by the edge's answer",
             m.beats.clone(),
         );
-        registry.register(
+        m.registry.register(
             "beats_refused",
             "Heartbeats the edge refused, by its error code",
             m.beats_refused.clone(),
         );
-        registry.register(
+        m.registry.register(
             "last_beat_age_seconds",
             "Seconds since the last heartbeat the edge accepted",
             m.last_beat_age.clone(),
         );
-        registry.register(
+        m.registry.register(
             "mode",
             "The node's persisted mode (1 for the current one)",
             m.mode.clone(),
         );
-        registry.register(
+        m.registry.register(
             "eligible",
             "The edge's eligibility verdict on the last accepted heartbeat (1 eligible)",
             m.eligible.clone(),
         );
-        registry.register(
+        m.registry.register(
             "ineligible_reason",
             "1 for each reason the edge gave for finding the node ineligible",
             m.ineligible_reason.clone(),
         );
-        registry.register(
+        m.registry.register(
             "forwards",
             "Webhooks the edge forwarded to the origin proxy, by result",
             m.forwards.clone(),
         );
-        registry.register(
+        m.registry.register(
             "forwards_refused",
             "Forwards refused before the app, by reason",
             m.forwards_refused.clone(),
         );
-        registry.register(
+        m.registry.register(
             "ledger_events",
             "Events in the webhook ledger, by state",
             m.ledger_events.clone(),
         );
-        registry.register(
+        m.registry.register(
             "fence_requests",
             "Answer fences asked of the edge, by result",
             m.fence_requests.clone(),
         );
-        registry.register(
+        m.registry.register(
             "app_ready",
             "The voice app's readiness in the last heartbeat (1 ready)",
             m.app_ready.clone(),
         );
-        registry.register(
+        m.registry.register(
             "deploy_step_duration_seconds",
             "Duration of each deploy, rollback or recovery step, by outcome",
             m.deploy_steps.clone(),
         );
-        registry.register(
+        m.registry.register(
             "deploys",
             "Deploys, rollbacks and recoveries finished, by outcome",
             m.deploys.clone(),
         );
-        registry.register(
+        m.registry.register(
             "info",
             "The agent's version and the runtime checkout's SHA (always 1)",
             m.info.clone(),
@@ -327,7 +326,7 @@ impl Metrics {
             }
         }
         m.set_info("unknown");
-        Metrics { registry, ..m }
+        m
     }
 
     fn set_info(&self, sha: &str) {
