@@ -951,3 +951,30 @@ fn retention_by_age_spares_a_fenced_call_that_has_not_ended() {
     let next = forward(w.webhook("kept-h", "call.hangup", "kept", "incoming"));
     assert_eq!((next.node.as_str(), next.epoch), ("M1", live.epoch));
 }
+
+#[test]
+fn metrics_count_committed_decisions_and_the_alarm_s_rejections() {
+    use callfence_core::metrics::{DECISIONS, WEBHOOKS};
+    let mut w = World::new();
+    let count = |w: &World, name: &str, label: &str, value: &str| -> u64 {
+        let samples = w.engine.metrics().samples();
+        let matching = samples.iter().filter(|s| s.name == name);
+        matching
+            .filter(|s| s.labels.get(label).map(String::as_str) == Some(value))
+            .map(|s| s.value)
+            .sum()
+    };
+    assert_eq!(
+        w.webhook("p1", "call.initiated", "s-p", "incoming"),
+        Ingress::Pending(PendingReason::NoEligibleNode)
+    );
+    assert_eq!(count(&w, DECISIONS, "outcome", "pending"), 1);
+    assert_eq!(count(&w, WEBHOOKS, "outcome", "rejected"), 0);
+    w.now += 10_001;
+    w.engine.poll_alarm(w.now).unwrap();
+    assert_eq!(count(&w, DECISIONS, "outcome", "rejected"), 1);
+    assert_eq!(count(&w, WEBHOOKS, "outcome", "rejected"), 1);
+    // A re-check that records nothing counts nothing.
+    w.engine.poll_alarm(w.now + 1_000).unwrap();
+    assert_eq!(count(&w, DECISIONS, "outcome", "rejected"), 1);
+}

@@ -130,7 +130,7 @@ pub fn samples<S: Store>(engine: &Engine<S>, now_ms: i64) -> Result<Vec<Sample>,
     let status = engine.status(now_ms)?;
     let mut samples = gauges::from_status(&status, SHARD).map_err(EngineError::Corrupt)?;
     samples.extend(engine.metrics().samples());
-    let storage_full = engine.refused().storage_full as f64;
+    let storage_full = engine.refused().storage_full;
     samples.push(Sample::new(STORAGE_FULL, &[], storage_full));
     debug_assert!(samples.iter().any(|s| s.name == WEBHOOKS));
     Ok(samples)

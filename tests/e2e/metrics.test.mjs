@@ -265,6 +265,29 @@ describe("GET /v1/metrics: exact deltas after a story", () => {
     assert.equal(c.value("callfence_webhooks_total", { outcome: "refused" }), b.value("callfence_webhooks_total", { outcome: "refused" }));
   });
 
+  test("an isolate reports its refusals itself, on its first request a second after its last report", async () => {
+    const { edge } = cluster;
+    // Asked straight from the Dispatcher, so no scrape carries the isolate's count.
+    const refusedAtDispatcher = async () => {
+      const stub = await edge.dispatcher();
+      const res = await stub.fetch("https://dispatcher/metrics", { method: "POST", body: '{"v":2,"op":"metrics","refused":0}\n' });
+      const body = await res.json();
+      assert.equal(body.ok, true, JSON.stringify(body));
+      return body.samples.find((s) => s.name === "callfence_webhooks_total" && s.labels.outcome === "refused").value;
+    };
+    // Miniflare's first stub of a Durable Object gives the Worker a fresh
+    // isolate (its report clock starts afresh, as seen here): take it first.
+    await refusedAtDispatcher();
+    await scrape(edge); // reports whatever was pending: the interval starts now
+    const before = await refusedAtDispatcher();
+    const forged = await webhook(edge, callEvent("call.initiated", { session: "metrics-forged-2", to: SALES }), { privateKey: ed25519().privateKeyObject });
+    assert.equal(forged.status, 401);
+    assert.equal(await refusedAtDispatcher(), before, "within the second, the count waits in the isolate");
+    await new Promise((r) => setTimeout(r, 1100));
+    assert.equal((await read(await edge.fetch("/healthz"))).status, 200);
+    await waitFor(async () => (await refusedAtDispatcher()) === before + 1, { what: "the isolate's batch" });
+  });
+
   test("a node drained by its own beat: eligible 0 with reason mode_drained, then back", async () => {
     const { edge, nodes } = cluster;
     const drained = await heartbeat(edge, nodes.M2, { mode: "drained" });

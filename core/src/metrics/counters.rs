@@ -234,7 +234,7 @@ impl Counters {
                 Sample {
                     name: family.to_owned(),
                     labels,
-                    value: n as f64,
+                    value: n,
                 }
             })
             .collect()
@@ -245,8 +245,8 @@ impl Counters {
 mod tests {
     use super::*;
 
-    fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let want = Sample::new(name, labels, 0.0).labels;
+    fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<u64> {
+        let want = Sample::new(name, labels, 0).labels;
         samples
             .iter()
             .find(|s| s.name == name && s.labels == want)
@@ -259,11 +259,11 @@ mod tests {
         let samples = counters.samples();
         for outcome in WebhookOutcome::ALL {
             let labels = [("outcome", outcome.as_str())];
-            assert_eq!(value(&samples, WEBHOOKS, &labels), Some(0.0));
+            assert_eq!(value(&samples, WEBHOOKS, &labels), Some(0));
         }
         assert_eq!(
             value(&samples, FENCE_REQUESTS, &[("result", "granted")]),
-            Some(0.0)
+            Some(0)
         );
         assert!(samples.iter().all(|s| s.name != FORWARD_FAILURES));
 
@@ -275,18 +275,18 @@ mod tests {
         let samples = counters.samples();
         assert_eq!(
             value(&samples, WEBHOOKS, &[("outcome", "delivered")]),
-            Some(1.0)
+            Some(1)
         );
         assert_eq!(
             value(&samples, WEBHOOKS, &[("outcome", "refused")]),
-            Some(3.0)
+            Some(3)
         );
         let failure = [("node", "M1"), ("class", "unknown")];
-        assert_eq!(value(&samples, FORWARD_FAILURES, &failure), Some(1.0));
+        assert_eq!(value(&samples, FORWARD_FAILURES, &failure), Some(1));
         let refused = [("node", "M2"), ("reason", "rate")];
-        assert_eq!(value(&samples, CLAIMS_REFUSED, &refused), Some(1.0));
+        assert_eq!(value(&samples, CLAIMS_REFUSED, &refused), Some(1));
         let beat = [("node", "M2"), ("result", "accepted")];
-        assert_eq!(value(&samples, HEARTBEATS, &beat), Some(1.0));
+        assert_eq!(value(&samples, HEARTBEATS, &beat), Some(1));
     }
 
     #[test]
@@ -300,9 +300,9 @@ mod tests {
         counters.stage(Count::Decision("line", "assigned"));
         assert_eq!(value(&counters.samples(), DECISIONS, &assigned), None);
         counters.commit();
-        assert_eq!(value(&counters.samples(), DECISIONS, &assigned), Some(2.0));
+        assert_eq!(value(&counters.samples(), DECISIONS, &assigned), Some(2));
         counters.commit();
-        assert_eq!(value(&counters.samples(), DECISIONS, &assigned), Some(2.0));
+        assert_eq!(value(&counters.samples(), DECISIONS, &assigned), Some(2));
     }
 
     #[test]
@@ -316,6 +316,6 @@ mod tests {
         let beats: Vec<&Sample> = samples.iter().filter(|s| s.name == HEARTBEATS).collect();
         assert_eq!(beats.len(), MAX_SERIES_PER_FAMILY);
         let first = [("node", "N0"), ("result", "accepted")];
-        assert_eq!(value(&samples, HEARTBEATS, &first), Some(2.0));
+        assert_eq!(value(&samples, HEARTBEATS, &first), Some(2));
     }
 }

@@ -19,7 +19,7 @@ pub fn render(samples: &[Sample]) -> String {
     for family in FAMILIES {
         let _ = writeln!(out, "# HELP {} {}", family.name, escape_help(family.help));
         let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind.as_str());
-        let mut lines: Vec<(Vec<&str>, f64)> = Vec::new();
+        let mut lines: Vec<(Vec<&str>, u64)> = Vec::new();
         for sample in samples.iter().filter(|s| s.name == family.name) {
             let values: Option<Vec<&str>> = family
                 .labels
@@ -33,7 +33,7 @@ pub fn render(samples: &[Sample]) -> String {
                 continue;
             }
             match lines.iter_mut().find(|(v, _)| *v == values) {
-                Some((_, sum)) => *sum += sample.value,
+                Some((_, sum)) => *sum = sum.saturating_add(sample.value),
                 None => lines.push((values, sample.value)),
             }
         }
@@ -50,24 +50,10 @@ pub fn render(samples: &[Sample]) -> String {
                 }
                 out.push('}');
             }
-            let _ = writeln!(out, " {}", number(value));
+            let _ = writeln!(out, " {value}");
         }
     }
     out
-}
-
-/// A sample value as the format writes it: whole numbers without a
-/// fraction, `NaN`, `+Inf`, `-Inf`.
-fn number(value: f64) -> String {
-    if value.is_nan() {
-        "NaN".into()
-    } else if value.is_infinite() {
-        if value > 0.0 { "+Inf" } else { "-Inf" }.into()
-    } else if value.fract() == 0.0 && value.abs() < 1e15 {
-        format!("{}", value as i64)
-    } else {
-        format!("{value}")
-    }
 }
 
 /// `# HELP` text: backslash and newline escaped.
@@ -89,7 +75,7 @@ mod tests {
 
     /// Parses an exposition strictly: every line is a comment of a known
     /// form or a sample of a family whose HELP and TYPE came first.
-    fn parse(text: &str) -> Vec<(String, String, f64)> {
+    fn parse(text: &str) -> Vec<(String, String, u64)> {
         let mut helped = Vec::new();
         let mut typed = Vec::new();
         let mut samples = Vec::new();
@@ -127,21 +113,21 @@ mod tests {
     #[test]
     fn samples_are_written_sorted_and_summed_across_objects() {
         let samples = [
-            Sample::new(WEBHOOKS, &[("outcome", "refused")], 2.0),
-            Sample::new(WEBHOOKS, &[("outcome", "delivered")], 3.0),
-            Sample::new(WEBHOOKS, &[("outcome", "delivered")], 4.0),
+            Sample::new(WEBHOOKS, &[("outcome", "refused")], 2),
+            Sample::new(WEBHOOKS, &[("outcome", "delivered")], 3),
+            Sample::new(WEBHOOKS, &[("outcome", "delivered")], 4),
             Sample::new(
                 "callfence_node_heartbeat_age_seconds",
                 &[("node", "M1")],
-                1.5,
+                15,
             ),
-            Sample::new("callfence_policy_revision", &[], 7.0),
+            Sample::new("callfence_policy_revision", &[], 7),
         ];
         let text = render(&samples);
         assert!(text.contains(
             "callfence_webhooks_total{outcome=\"delivered\"} 7\ncallfence_webhooks_total{outcome=\"refused\"} 2\n"
         ));
-        assert!(text.contains("callfence_node_heartbeat_age_seconds{node=\"M1\"} 1.5\n"));
+        assert!(text.contains("callfence_node_heartbeat_age_seconds{node=\"M1\"} 15\n"));
         assert!(text.contains("\ncallfence_policy_revision 7\n"));
         assert_eq!(parse(&text).len(), 4);
     }
@@ -149,22 +135,17 @@ mod tests {
     #[test]
     fn samples_that_do_not_fit_their_family_are_left_out() {
         let samples = [
-            Sample::new("callfence_unknown_total", &[], 1.0),
-            Sample::new(WEBHOOKS, &[], 1.0),
-            Sample::new(WEBHOOKS, &[("outcome", "x"), ("node", "M1")], 1.0),
-            Sample::new(WEBHOOKS, &[("outcome", "+15551230000")], 1.0),
-            Sample::new(WEBHOOKS, &[("outcome", "a\"b")], 1.0),
+            Sample::new("callfence_unknown_total", &[], 1),
+            Sample::new(WEBHOOKS, &[], 1),
+            Sample::new(WEBHOOKS, &[("outcome", "x"), ("node", "M1")], 1),
+            Sample::new(WEBHOOKS, &[("outcome", "+15551230000")], 1),
+            Sample::new(WEBHOOKS, &[("outcome", "a\"b")], 1),
         ];
         assert!(parse(&render(&samples)).is_empty());
     }
 
     #[test]
-    fn numbers_and_escapes_follow_the_format() {
-        assert_eq!(number(3.0), "3");
-        assert_eq!(number(0.25), "0.25");
-        assert_eq!(number(f64::NAN), "NaN");
-        assert_eq!(number(f64::INFINITY), "+Inf");
-        assert_eq!(number(f64::NEG_INFINITY), "-Inf");
+    fn escapes_follow_the_format() {
         assert_eq!(escape_label("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
         assert_eq!(escape_help("a\\b\nc"), "a\\\\b\\nc");
         assert_eq!(Kind::Counter.as_str(), "counter");

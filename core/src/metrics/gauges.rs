@@ -7,121 +7,97 @@ use super::{
     NODE_INELIGIBLE_REASON, NODE_MAX_CALLS, NODE_OPEN_CALLS, OPEN_CALLS, PENDING_EVENTS,
     POLICY_REVISION, SEQ_REGRESSIONS, SHARD_MAP_REVISION,
 };
-use serde::Deserialize;
+use serde_json::Value;
 
-/// The parts of the status view the gauges read.
-#[derive(Deserialize)]
-struct Status {
-    policy_revision: Option<u64>,
-    nodes_revision: Option<u64>,
-    #[serde(default)]
-    lines: Vec<Line>,
-    #[serde(default)]
-    nodes: Vec<Node>,
-    counts: Counts,
+/// The status view's field `key` of `value` as a whole number (absent or
+/// null: `None`).
+fn number(value: &Value, key: &str) -> Option<u64> {
+    value.get(key).and_then(Value::as_u64)
 }
 
-#[derive(Deserialize)]
-struct Line {
-    line_id: String,
-    fallback_in_use: bool,
-    prefers: String,
-    next_call_target: Option<String>,
+/// The status view's text field `key` of `value`.
+fn text<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
+    value.get(key).and_then(Value::as_str)
 }
 
-#[derive(Deserialize)]
-struct Node {
-    node: String,
-    eligible: bool,
-    #[serde(default)]
-    reasons: Vec<String>,
-    heartbeat_age_s: Option<u64>,
-    capacity: Capacity,
-    #[serde(default)]
-    seq_regressions: u64,
-}
-
-#[derive(Deserialize)]
-struct Capacity {
-    max_calls: Option<u64>,
-    open_calls: u64,
-}
-
-#[derive(Deserialize)]
-struct Counts {
-    open_calls: u64,
-    pending: u64,
+/// The status view's list `key` of `value` (absent: empty).
+fn list<'a>(value: &'a Value, key: &str) -> &'a [Value] {
+    value
+        .get(key)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 /// The gauges of the status view `status` of call shard `shard` (0:
 /// `global`), and the stored seq-regression counts (a counter kept in
 /// storage, migration 0004, so it survives restarts). The shard map's
-/// revision is 0: no shard map exists yet (SPEC §16).
-pub fn from_status(status: &serde_json::Value, shard: u32) -> Result<Vec<Sample>, String> {
-    let status = Status::deserialize(status).map_err(|e| e.to_string())?;
-    let bit = |b: bool| if b { 1.0 } else { 0.0 };
+/// revision is 0: no shard map exists yet (SPEC §16). A view without its
+/// counts, or a node or line without its id, is an error. (Read field by
+/// field rather than through a typed copy of the view: the Worker's wasm
+/// then carries no deserialiser for it.)
+pub fn from_status(status: &Value, shard: u32) -> Result<Vec<Sample>, String> {
+    let counts = status.get("counts").ok_or("a status view without counts")?;
     let shard = shard.to_string();
+    let shard = [("shard", shard.as_str())];
     let mut samples = vec![
         Sample::new(
             POLICY_REVISION,
             &[],
-            status.policy_revision.unwrap_or(0) as f64,
+            number(status, "policy_revision").unwrap_or(0),
         ),
         Sample::new(
             NODES_REVISION,
             &[],
-            status.nodes_revision.unwrap_or(0) as f64,
+            number(status, "nodes_revision").unwrap_or(0),
         ),
-        Sample::new(SHARD_MAP_REVISION, &[], 0.0),
+        Sample::new(SHARD_MAP_REVISION, &[], 0),
         Sample::new(
             PENDING_EVENTS,
-            &[("shard", &shard)],
-            status.counts.pending as f64,
+            &shard,
+            number(counts, "pending").unwrap_or(0),
         ),
         Sample::new(
             OPEN_CALLS,
-            &[("shard", &shard)],
-            status.counts.open_calls as f64,
+            &shard,
+            number(counts, "open_calls").unwrap_or(0),
         ),
     ];
-    for line in &status.lines {
-        let labels = [("line", line.line_id.as_str())];
+    for line in list(status, "lines") {
+        let id = text(line, "line_id").ok_or("a line without its id")?;
+        let fallback = line.get("fallback_in_use").and_then(Value::as_bool);
         samples.push(Sample::new(
             LINE_FALLBACK,
-            &labels,
-            bit(line.fallback_in_use),
+            &[("line", id)],
+            u64::from(fallback == Some(true)),
         ));
-        let target = line.next_call_target.as_deref().unwrap_or("none");
-        let route = [
-            ("line", line.line_id.as_str()),
-            ("preferred", line.prefers.as_str()),
-            ("target", target),
-        ];
-        samples.push(Sample::new(LINE_ROUTE, &route, 1.0));
+        let preferred = text(line, "prefers").ok_or("a line without its preferred node")?;
+        let target = text(line, "next_call_target").unwrap_or("none");
+        let route = [("line", id), ("preferred", preferred), ("target", target)];
+        samples.push(Sample::new(LINE_ROUTE, &route, 1));
     }
-    for node in &status.nodes {
-        let id = [("node", node.node.as_str())];
-        samples.push(Sample::new(NODE_ELIGIBLE, &id, bit(node.eligible)));
-        for reason in &node.reasons {
-            let labels = [("node", node.node.as_str()), ("reason", reason.as_str())];
-            samples.push(Sample::new(NODE_INELIGIBLE_REASON, &labels, 1.0));
-        }
-        if let Some(age) = node.heartbeat_age_s {
-            samples.push(Sample::new(NODE_HEARTBEAT_AGE, &id, age as f64));
-        }
+    for node in list(status, "nodes") {
+        let id = text(node, "node").ok_or("a node without its id")?;
+        let eligible = node.get("eligible").and_then(Value::as_bool) == Some(true);
         samples.push(Sample::new(
-            NODE_OPEN_CALLS,
-            &id,
-            node.capacity.open_calls as f64,
+            NODE_ELIGIBLE,
+            &[("node", id)],
+            u64::from(eligible),
         ));
-        if let Some(max) = node.capacity.max_calls {
-            samples.push(Sample::new(NODE_MAX_CALLS, &id, max as f64));
+        for reason in list(node, "reasons").iter().filter_map(Value::as_str) {
+            let labels = [("node", id), ("reason", reason)];
+            samples.push(Sample::new(NODE_INELIGIBLE_REASON, &labels, 1));
         }
-        samples.push(Sample::new(
-            SEQ_REGRESSIONS,
-            &id,
-            node.seq_regressions as f64,
-        ));
+        if let Some(age) = number(node, "heartbeat_age_s") {
+            samples.push(Sample::new(NODE_HEARTBEAT_AGE, &[("node", id)], age));
+        }
+        let capacity = node.get("capacity").unwrap_or(&Value::Null);
+        let open = number(capacity, "open_calls").unwrap_or(0);
+        samples.push(Sample::new(NODE_OPEN_CALLS, &[("node", id)], open));
+        if let Some(max) = number(capacity, "max_calls") {
+            samples.push(Sample::new(NODE_MAX_CALLS, &[("node", id)], max));
+        }
+        let regressions = number(node, "seq_regressions").unwrap_or(0);
+        samples.push(Sample::new(SEQ_REGRESSIONS, &[("node", id)], regressions));
     }
     Ok(samples)
 }
@@ -177,6 +153,8 @@ mod tests {
 
     #[test]
     fn a_view_of_another_shape_is_an_error() {
-        assert!(from_status(&json!({"nodes": 3}), 0).is_err());
+        assert!(from_status(&json!({"nodes": []}), 0).is_err());
+        let nameless = json!({"counts": {}, "nodes": [{"eligible": true}]});
+        assert!(from_status(&nameless, 0).is_err());
     }
 }

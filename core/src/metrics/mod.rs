@@ -239,7 +239,9 @@ pub fn family(name: &str) -> Option<&'static Family> {
 }
 
 /// One sample: a family, its label values by label name, and the value.
-/// The wire form between a Dispatcher and the Worker.
+/// The wire form between a Dispatcher and the Worker. Every value the edge
+/// serves is a whole, non-negative number (counts, revisions, 0/1, whole
+/// seconds), so it is one here, and the Worker carries no float formatting.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
     /// The family's name.
@@ -248,12 +250,12 @@ pub struct Sample {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// The value.
-    pub value: f64,
+    pub value: u64,
 }
 
 impl Sample {
     /// A sample of `name` with `labels`.
-    pub fn new(name: &str, labels: &[(&str, &str)], value: f64) -> Self {
+    pub fn new(name: &str, labels: &[(&str, &str)], value: u64) -> Self {
         Self {
             name: name.to_owned(),
             labels: labels
