@@ -668,7 +668,7 @@ fn validate_deploy(d: RawDeploy, runtime_checkout: &Path) -> Result<DeployConfig
         }
     }
     let duration = |text: &str, what: &str| {
-        crate::drain::parse_duration(text)
+        crate::duration::parse(text)
             .map_err(|e| err(format!("deploy.{what}: {e}")))
             .and_then(|v| {
                 if v.is_zero() {

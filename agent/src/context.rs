@@ -11,10 +11,10 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::edge::EdgeClient;
+use crate::forward::Delivery;
 use crate::heartbeat::BeatRecord;
 use crate::keys::KeyRing;
 use crate::ledger::Ledger;
-use crate::proxy::Delivery;
 use crate::telnyx_api::TelnyxApi;
 use crate::AgentError;
 
@@ -38,7 +38,7 @@ pub struct Agent {
     /// Deliveries to the app in flight, by event id: duplicates wait on these.
     pub inflight: Mutex<HashMap<String, watch::Receiver<Option<Delivery>>>>,
     /// The deploy job slot (one deploy, rollback or recovery at a time).
-    pub deploy: crate::deploy::job::Slot,
+    pub deploy: crate::deploy::slot::Slot,
 }
 
 impl Agent {
@@ -66,7 +66,7 @@ impl Agent {
                 )
             })
             .transpose()?;
-        let last_beat = Mutex::new(crate::status::load(&config.state_dir));
+        let last_beat = Mutex::new(crate::heartbeat::load(&config.state_dir));
         Ok(Arc::new(Agent {
             config,
             http,
@@ -76,7 +76,7 @@ impl Agent {
             telnyx,
             last_beat,
             inflight: Mutex::new(HashMap::new()),
-            deploy: crate::deploy::job::Slot::default(),
+            deploy: crate::deploy::slot::Slot::default(),
         }))
     }
 

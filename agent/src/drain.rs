@@ -17,30 +17,6 @@ use crate::mode::{self, NodeMode};
 use crate::telnyx_api::TelnyxApi;
 use crate::{net, probe, AgentError};
 
-/// Parses `30m`, `90s`, `2h`, `500ms` or a number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, AgentError> {
-    let t = text.trim();
-    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => t.split_at(i),
-        None => (t, "s"),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| AgentError::new(format!("bad duration {text:?}: use e.g. 30m, 90s, 2h")))?;
-    let ms = match unit {
-        "ms" => n,
-        "s" => n.saturating_mul(1_000),
-        "m" => n.saturating_mul(60_000),
-        "h" => n.saturating_mul(3_600_000),
-        _ => {
-            return Err(AgentError::new(format!(
-                "bad duration {text:?}: use e.g. 30m, 90s, 2h"
-            )))
-        }
-    };
-    Ok(Duration::from_millis(ms))
-}
-
 /// One hangup sent while shedding.
 #[derive(Debug, Clone, Serialize)]
 pub struct Shed {
@@ -65,11 +41,14 @@ pub struct DrainReport {
     pub waited_s: u64,
 }
 
-/// Runs the drain.
+/// Runs the drain; `progress` hears, after each look at the app while it
+/// waits, how many calls the app holds (`None`: it did not say) and the
+/// time left before the deadline.
 pub async fn drain(
     config: &Config,
     deadline: Duration,
     shed: bool,
+    progress: impl Fn(Option<u32>, Duration),
 ) -> Result<DrainReport, AgentError> {
     let http = net::client()?;
     let telnyx = if shed {
@@ -114,6 +93,10 @@ pub async fn drain(
         if Instant::now() + poll > until {
             break;
         }
+        progress(
+            last.as_ref().map(|s| s.active_calls),
+            until.saturating_duration_since(Instant::now()),
+        );
         tokio::time::sleep(poll).await;
     }
     let mut remaining: BTreeSet<String> = last
@@ -150,20 +133,4 @@ pub async fn drain(
         shed: shed_results,
         waited_s: started.elapsed().as_secs(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1800));
-        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("45").unwrap(), Duration::from_secs(45));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5d").is_err());
-    }
 }

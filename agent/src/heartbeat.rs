@@ -9,6 +9,7 @@
 //! and `/readyz`. A refused beat is logged with the edge's reason code.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, HEARTBEAT_SCHEMA};
@@ -20,6 +21,7 @@ use serde_json::{json, Value};
 use crate::clock::now_ms;
 use crate::config::{Config, LinesSource};
 use crate::edge::EdgeClient;
+use crate::files::write_atomic;
 use crate::keys::KeyRing;
 use crate::mode::{self, NodeMode};
 use crate::{git, probe, seq, AGENT_VERSION};
@@ -167,6 +169,26 @@ impl BeatRecord {
     }
 }
 
+/// The last beat's record's file name inside the state directory
+/// (`last_beat.json`).
+pub const FILE: &str = "last_beat.json";
+
+/// Persists the last beat's record (best effort: a failure is logged).
+pub fn save(state_dir: &Path, record: &BeatRecord) {
+    let Ok(bytes) = serde_json::to_vec_pretty(record) else {
+        return;
+    };
+    if let Err(e) = write_atomic(&state_dir.join(FILE), &bytes, 0o600) {
+        crate::log::warn("last_beat_not_persisted", json!({"error": e.to_string()}));
+    }
+}
+
+/// The last persisted beat record, if any.
+pub fn load(state_dir: &Path) -> Option<BeatRecord> {
+    let bytes = std::fs::read(state_dir.join(FILE)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
 /// Interprets the edge's answer into a record.
 pub fn record(
     observed: Observed,
@@ -251,7 +273,7 @@ pub async fn beat_once(
                 Err("seq_unavailable"),
                 now,
             );
-            crate::status::save(&config.state_dir, &rec);
+            save(&config.state_dir, &rec);
             return rec;
         }
     };
@@ -302,7 +324,7 @@ pub async fn beat_once(
             json!({"seq": rec.seq, "outcome": rec.outcome, "http_status": rec.http_status, "reason": rec.refused, "key_id": rec.key_id}),
         );
     }
-    crate::status::save(&config.state_dir, &rec);
+    save(&config.state_dir, &rec);
     rec
 }
 
@@ -527,7 +549,7 @@ mod tests {
             assert_eq!(seen[0].2, seen[1].2, "the same beat, re-signed: none lost");
         }
         assert!(rec.clock_skew_ms.unwrap().abs() < 2_000);
-        assert_eq!(crate::status::load(&state).unwrap().seq, rec.seq);
+        assert_eq!(load(&state).unwrap().seq, rec.seq);
 
         known
             .lock()

@@ -14,6 +14,7 @@
 //! - [`log`]: one JSON line per event on stderr; never a secret or a body.
 //! - [`files`]: durable small files (temp file, fsync, rename) and permission checks.
 //! - [`net`]: the shared HTTP client and bounded body reads.
+//! - [`duration`]: durations as operators type them (`30m`, `90s`).
 //!
 //! What the node is:
 //! - [`config`]: the TOML configuration and its validation.
@@ -27,30 +28,42 @@
 //!
 //! Talking to others:
 //! - [`edge`]: node-signed requests to the edge (§6).
-//! - [`heartbeat`]: building, signing and sending beats; the edge's verdict.
+//! - [`heartbeat`]: building, signing and sending beats; the edge's verdict,
+//!   kept as the last-beat record (`last_beat.json`).
 //! - [`telnyx_api`]: Telnyx Call Control commands with `command_id` resends.
 //!
 //! Serving:
 //! - [`ledger`]: the durable webhook ledger (`received` → `completed`).
-//! - [`proxy`]: the origin proxy `POST /callfence/telnyx`.
+//! - [`forward`]: the origin proxy's decisions: admit or refuse a forward,
+//!   what the ledger's entry says, what completes an event.
+//! - [`proxy`]: the origin proxy `POST /callfence/telnyx`, translating
+//!   HTTP, the ledger and the app to and from [`forward`].
 //! - [`serve`]: both listeners' bounds: open connections, read timeouts,
 //!   the open-file budget.
 //! - [`local_auth`]: who may call the local API: Origin, Host, JSON, the
 //!   bearer token in `state_dir/local-api.token`.
+//! - [`fence`]: the local API's decisions: an answer request, the fence
+//!   reply, Telnyx's answer after a grant, a dial's claim, the media check.
 //! - [`local_api`]: the loopback API for the voice app (`/local/*`, probes,
-//!   `/metrics`).
-//! - [`metrics`]: the agent's Prometheus metrics and the `metrics_listen`
-//!   listener that serves only them.
+//!   `/metrics`), translating HTTP, the edge and Telnyx to and from [`fence`].
+//! - [`metrics`]: the agent's Prometheus metrics, counted with one call
+//!   where each event is seen, and the `metrics_listen` listener that
+//!   serves only them.
 //! - [`telnyx_options`]: the Telnyx answer and dial options a caller may pass.
 //! - [`control`]: the Unix control socket the `deploy`, `rollback` and `job`
 //!   commands use (the agent's own user or root only).
 //! - [`context`]: the handles the running agent shares between its tasks.
 //! - [`run`]: the `run` command: servers, heartbeat loop, upkeep.
 //! - [`drain`]: the `drain` command.
-//! - [`status`]: the `status` command and the persisted last-beat record.
+//! - [`status`]: the `status` command.
 //! - [`deploy`]: clean deployment: `deploy --sha`, `rollback`, `releases`,
 //!   the journal and the automatic restore (SPEC §14).
 //! - [`notify`]: the systemd notify protocol and watchdog pings.
+//!
+//! Decisions are plain functions without I/O, unit-tested where they live
+//! ([`forward`], [`fence`], [`deploy::verdict`], [`deploy::report`]); the
+//! handlers, the deploy sequences and the commands translate to and from
+//! them. No two modules import each other, directly or in a circle.
 //!
 //! Binaries besides `callfence-agent` (in `src/bin/`): `callfence-demo-app`,
 //! a minimal voice app, `callfence-fake-telnyx`, the one fake Telnyx Call
@@ -67,8 +80,11 @@ pub mod context;
 pub mod control;
 pub mod deploy;
 pub mod drain;
+pub mod duration;
 pub mod edge;
+pub mod fence;
 pub mod files;
+pub mod forward;
 pub mod git;
 pub mod heartbeat;
 pub mod identity;

@@ -127,7 +127,7 @@ impl SwitchArgs {
         let state_dir = config::load_state_dir(config_path)?;
         let request =
             serde_json::json!({"op": op, "sha": sha, "deadline": self.deadline, "shed": self.shed});
-        runtime()?.block_on(deploy::job::client(&state_dir, request, self.json))
+        runtime()?.block_on(deploy::client::run(&state_dir, request, self.json))
     }
 }
 
@@ -274,8 +274,8 @@ fn dispatch(cli: Cli) -> Result<ExitCode, AgentError> {
         }
         Command::Drain { deadline, shed } => {
             let config = config::load(&cli.config)?;
-            let deadline = drain::parse_duration(&deadline)?;
-            let report = runtime()?.block_on(drain::drain(&config, deadline, shed))?;
+            let deadline = callfence_agent::duration::parse(&deadline)?;
+            let report = runtime()?.block_on(drain::drain(&config, deadline, shed, |_, _| {}))?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&report).unwrap_or_default()
@@ -292,7 +292,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode, AgentError> {
         Command::Rollback { switch } => switch.run(&cli.config, "rollback", None),
         Command::Job => {
             let state_dir = config::load_state_dir(&cli.config)?;
-            let view = runtime()?.block_on(deploy::job::show(&state_dir))?;
+            let view = runtime()?.block_on(deploy::client::show(&state_dir))?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&view).unwrap_or_default()

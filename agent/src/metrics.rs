@@ -62,11 +62,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::deploy::{Outcome, StepRecord};
-use crate::edge::EdgeReply;
+use callfence_core::wire::FenceGrant;
+
+use crate::fence::NoFence;
+use crate::forward::Delivery;
 use crate::heartbeat::BeatRecord;
 use crate::mode::NodeMode;
-use crate::proxy::Delivery;
 
 /// The `Content-Type` of an exposition.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -356,7 +357,7 @@ impl Metrics {
             .get_or_create(&no_labels())
             .set(flag(rec.observed.app_ready));
         let sha = &rec.observed.sha;
-        if crate::deploy::is_full_sha(sha) {
+        if callfence_core::eligibility::is_valid_sha(sha) {
             self.set_info(sha);
         }
         if outcome != "accepted" {
@@ -393,47 +394,45 @@ impl Metrics {
         self.forwards.get_or_create(&result(outcome)).inc();
     }
 
-    /// Counts an answer fence by the edge's reply: `granted` (first grant),
-    /// `regranted`, the refusal's code, or `unavailable`.
-    pub fn fence(&self, reply: &Result<EdgeReply, String>) {
-        use callfence_core::wire::{FenceGrant, FenceRefused};
-        let outcome = match reply {
-            Ok(r) if r.status == 200 => match r.decode::<FenceGrant>() {
-                Some(g) if g.granted && g.first => "granted".to_string(),
-                Some(g) if g.granted => "regranted".to_string(),
-                _ => "unavailable".to_string(),
-            },
-            Ok(r) if r.status == 409 => code_label(
-                r.decode::<FenceRefused>()
-                    .map_or("fence_refused", |f| f.reason.code()),
-            ),
-            _ => "unavailable".to_string(),
+    /// Counts an answer fence by its verdict ([`crate::fence::fence_verdict`]):
+    /// `granted` (the first grant), `regranted`, the refusal's code, or
+    /// `unavailable`.
+    pub fn fence(&self, verdict: &Result<FenceGrant, NoFence>) {
+        let outcome = match verdict {
+            Ok(grant) if grant.first => "granted".to_string(),
+            Ok(_) => "regranted".to_string(),
+            Err(NoFence::Refused(code)) => code_label(code),
+            Err(NoFence::Unavailable { .. }) => "unavailable".to_string(),
         };
         self.fence_requests.get_or_create(&result(&outcome)).inc();
     }
 
-    /// Records one finished deploy step and its duration.
-    pub fn deploy_step(&self, step: &StepRecord) {
+    /// Records one finished deploy step (`step`, whether it succeeded, how
+    /// many milliseconds it took). Plain values, so that the deploy module
+    /// and this one do not import each other.
+    pub fn deploy_step(&self, step: &str, ok: bool, ms: u64) {
         let labels = StepLabels {
-            step: code_label(&step.step),
-            outcome: if step.ok { "ok" } else { "failed" }.to_string(),
+            step: code_label(step),
+            outcome: if ok { "ok" } else { "failed" }.to_string(),
         };
         // Milliseconds to seconds; a step's duration is far below 2^53 ms.
         #[allow(clippy::cast_precision_loss)]
-        let seconds = step.ms as f64 / 1000.0;
+        let seconds = ms as f64 / 1000.0;
         self.deploy_steps.get_or_create(&labels).observe(seconds);
     }
 
-    /// Counts a finished deploy, rollback or recovery.
-    pub fn deploy_finished(&self, outcome: &Outcome) {
-        let result = match (outcome.ok, outcome.restored) {
+    /// Counts a finished deploy, rollback or recovery of `kind`: `ok`, or
+    /// not and `restored` (the previous release live and verified again)
+    /// or not (`failed`).
+    pub fn deploy_finished(&self, kind: &str, ok: bool, restored: bool) {
+        let result = match (ok, restored) {
             (true, _) => "ok",
             (false, true) => "restored",
             (false, false) => "failed",
         };
         self.deploys
             .get_or_create(&DeployLabels {
-                kind: code_label(&outcome.kind),
+                kind: code_label(kind),
                 outcome: result.to_string(),
             })
             .inc();
@@ -598,33 +597,30 @@ mod tests {
     }
 
     #[test]
-    fn forwards_and_deploys_are_counted_by_result() {
+    fn forwards_fences_and_deploys_are_counted_by_result() {
         let m = Metrics::new();
         m.forward_refused("bad_signature");
         m.forwarded(&Delivery::NotAdmitted);
         m.forwarded(&Delivery::InProgress);
-        m.deploy_step(&StepRecord {
-            step: "build".into(),
-            ok: false,
-            ms: 1_500,
-            detail: String::new(),
-        });
-        m.deploy_finished(&Outcome {
-            ok: false,
-            kind: "deploy".into(),
-            from: None,
-            to: None,
-            live: None,
-            step: Some("build".into()),
-            reason: None,
-            restored: true,
-            mode: "drained".into(),
-            steps: Vec::new(),
-        });
+        m.fence(&Err(NoFence::Refused("stale_epoch")));
+        m.fence(&Err(NoFence::Unavailable {
+            edge_status: None,
+            why: String::new(),
+        }));
+        m.deploy_step("build", false, 1_500);
+        m.deploy_finished("deploy", false, true);
         let text = m.render(&reading(NodeMode::Active));
         for (series, want) in [
             ("callfence_agent_forwards_total{result=\"refused\"}", 2.0),
             ("callfence_agent_forwards_total{result=\"in_progress\"}", 1.0),
+            (
+                "callfence_agent_fence_requests_total{result=\"stale_epoch\"}",
+                1.0,
+            ),
+            (
+                "callfence_agent_fence_requests_total{result=\"unavailable\"}",
+                1.0,
+            ),
             (
                 "callfence_agent_forwards_refused_total{reason=\"not_active\"}",
                 1.0,

@@ -32,12 +32,15 @@
 //!
 //! A body whose `data.event_type` is `callfence.probe` is only ever
 //! admitted as a probe: it needs a probe assertion
-//! ([`assertion::verify`] of [`ProbeClaims`]) naming this node, whose `event_id` is the
+//! (`ProbeClaims`) naming this node, whose `event_id` is the
 //! body's nonce, and no Telnyx signature. A verified probe is handed to the
 //! app at once with `Callfence-Probe: <nonce>` (whatever the mode: it is the
 //! one forward a drained or shadow node admits) and the app's answer is
 //! returned as it is. It never touches the ledger. Any other body needs a
-//! webhook assertion ([`Claims`]), never granted to a probe.
+//! webhook assertion (`Claims`), never granted to a probe.
+//!
+//! Every decision above is a plain function of [`crate::forward`]; this
+//! module only translates HTTP, the ledger and the app to and from them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,16 +51,15 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use callfence_core::assertion::{Claims, ProbeClaims};
-use callfence_core::outcome::{self, OriginAnswer};
-use callfence_core::{assertion, probe, telnyx};
+use callfence_core::probe;
 use serde_json::json;
 use tokio::sync::watch;
 
 use crate::clock::now_ms;
 use crate::context::Agent;
-use crate::ledger::{Answer, Entry, Pending};
-use crate::mode::{self, NodeMode};
+use crate::forward::{self, Admission, Delivery, OnEntry};
+use crate::ledger::Pending;
+use crate::mode;
 use crate::net::{describe, read_limited};
 
 /// Largest webhook accepted (the edge's own limit).
@@ -66,27 +68,6 @@ pub const MAX_WEBHOOK_BYTES: usize = 64 * 1024;
 pub const MAX_ANSWER_BYTES: usize = 16 * 1024;
 /// Deliveries after which upkeep stops re-delivering a `received` event.
 pub const MAX_UPKEEP_ATTEMPTS: u32 = 5;
-
-/// The result of delivering one event, shared with the duplicates waiting
-/// on it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Delivery {
-    /// The app's answer (fresh or recorded).
-    Answered(Answer),
-    /// Refused before the app: drained or shadow, session never admitted.
-    NotAdmitted,
-    /// The app did not answer usably; the event stays `received`.
-    AppFailed {
-        /// The app's status, when it answered at all.
-        app_status: Option<u16>,
-        /// A short reason.
-        reason: String,
-    },
-    /// The ledger could not be used; the app was not called.
-    LedgerFailed,
-    /// A duplicate waited too long for the first delivery.
-    InProgress,
-}
 
 fn callfence(status: StatusCode, code: &str) -> Response {
     (status, Json(json!({"callfence": code}))).into_response()
@@ -145,90 +126,16 @@ fn refuse(reason: &str, event_id: Option<&str>) -> Response {
     callfence(StatusCode::UNAUTHORIZED, "not_admitted")
 }
 
-/// The headers passed to the app: `content-type` and `telnyx-*` only.
-pub fn forwarded_headers(headers: &HeaderMap) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .filter(|(name, _)| {
-            let n = name.as_str();
-            n == "content-type" || n.starts_with("telnyx-")
-        })
-        .filter_map(|(name, value)| {
-            Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
-        })
-        .take(32)
-        .collect()
-}
-
 async fn webhook(State(agent): State<Arc<Agent>>, headers: HeaderMap, body: Bytes) -> Response {
-    let now = now_ms();
-    let cfg = &agent.config;
-    let Some(header) = headers.get(assertion::HEADER).and_then(|v| v.to_str().ok()) else {
-        return refuse("missing_assertion", None);
-    };
-    if let Some(parsed) = probe::parse_body(&body) {
-        return match parsed {
-            Ok(p) if p.node == cfg.node => match admit::<ProbeClaims>(cfg, header, &body, now) {
-                Ok(claims) if claims.event_id == p.nonce => {
-                    probe_to_app(&agent, &p.nonce, body).await
-                }
-                Ok(_) => refuse("probe_nonce_mismatch", None),
-                Err(e) => refuse(e.code(), None),
-            },
-            Ok(_) => refuse("wrong_node", None),
-            Err(e) => refuse(e.code(), None),
-        };
-    }
-    let claims = match admit::<Claims>(cfg, header, &body, now) {
-        Ok(c) => c,
-        Err(e) => return refuse(e.code(), None),
-    };
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Err(e) = telnyx::verify(
-        &cfg.telnyx_keys,
-        text("telnyx-signature-ed25519"),
-        text("telnyx-timestamp"),
-        &body,
-        now,
-    ) {
-        return refuse(e.code(), Some(&claims.event_id));
-    }
-    let envelope = telnyx::parse_envelope(&body).ok();
-    if let Some(env) = &envelope {
-        if env.event_id != claims.event_id {
-            return refuse("event_id_mismatch", Some(&claims.event_id));
+    match forward::admit(&agent.config, &headers, &body, now_ms()) {
+        Admission::Probe { nonce } => probe_to_app(&agent, &nonce, body).await,
+        Admission::Webhook(pending) => {
+            let delivery = deliver(agent, pending, true).await;
+            crate::metrics::global().forwarded(&delivery);
+            delivery.into_response()
         }
+        Admission::Refused { reason, event_id } => refuse(reason, event_id.as_deref()),
     }
-    let pending = Pending {
-        event_id: claims.event_id,
-        call_session_id: claims.call_session_id,
-        call_control_id: claims.call_control_id,
-        epoch: claims.epoch,
-        event_type: envelope.map(|e| e.event_type),
-        body: body.to_vec(),
-        headers: forwarded_headers(&headers),
-        attempts: 0,
-    };
-    let delivery = deliver(agent, pending, true).await;
-    crate::metrics::global().forwarded(&delivery);
-    delivery.into_response()
-}
-
-/// Verifies an assertion of kind `K` for this node and `body`.
-fn admit<K: assertion::Kind>(
-    cfg: &crate::config::Config,
-    header: &str,
-    body: &[u8],
-    now: i64,
-) -> Result<K, assertion::AssertionError> {
-    assertion::verify::<K>(
-        header,
-        &cfg.edge_keys,
-        &cfg.node,
-        body,
-        now,
-        cfg.timing.assertion_skew_s,
-    )
 }
 
 /// Hands a verified probe to the app and returns its answer as it is (the
@@ -344,30 +251,33 @@ async fn first_delivery(agent: &Arc<Agent>, event: Pending, fresh: bool) -> Deli
             return Delivery::LedgerFailed;
         }
     };
-    match entry {
-        Entry::Completed(answer) => {
+    match forward::on_entry(entry, fresh) {
+        OnEntry::Replay(answer) => {
             crate::log::info(
                 "webhook_duplicate",
                 json!({"event_id": event.event_id, "recorded_status": answer.status}),
             );
             Delivery::Answered(answer)
         }
-        Entry::Received(stored) => to_app(agent, stored).await,
-        Entry::Absent if !fresh => Delivery::LedgerFailed,
-        Entry::Absent => {
-            let state_dir = agent.config.state_dir.clone();
-            let reading = mode::read(&state_dir);
-            if reading.mode != NodeMode::Active {
+        OnEntry::Resume(stored) => to_app(agent, stored).await,
+        OnEntry::Gone => Delivery::LedgerFailed,
+        OnEntry::New => {
+            let reading = mode::read(&agent.config.state_dir);
+            let admitted = if reading.mode == mode::NodeMode::Active {
+                None
+            } else {
                 let ledger = agent.ledger.clone();
                 let session = event.call_session_id.clone();
-                let admitted = blocking(move || ledger.is_admitted(&session)).await;
-                if !matches!(admitted, Some(Ok(true))) {
-                    crate::log::warn(
-                        "webhook_not_admitted",
-                        json!({"event_id": event.event_id, "call_session_id": event.call_session_id, "mode": reading.mode.as_str(), "mode_note": reading.fallback}),
-                    );
-                    return Delivery::NotAdmitted;
-                }
+                blocking(move || ledger.is_admitted(&session).ok())
+                    .await
+                    .flatten()
+            };
+            if !forward::admits_new_session(reading.mode, admitted) {
+                crate::log::warn(
+                    "webhook_not_admitted",
+                    json!({"event_id": event.event_id, "call_session_id": event.call_session_id, "mode": reading.mode.as_str(), "mode_note": reading.fallback}),
+                );
+                return Delivery::NotAdmitted;
             }
             let ledger = agent.ledger.clone();
             let stored = event.clone();
@@ -375,7 +285,7 @@ async fn first_delivery(agent: &Arc<Agent>, event: Pending, fresh: bool) -> Deli
             let written = blocking(move || {
                 ledger.insert_received(&stored, now)?;
                 if let Some(ccid) = &stored.call_control_id {
-                    let open = stored.event_type.as_deref() != Some("call.hangup");
+                    let open = forward::leg_stays_open(&stored);
                     ledger.note_leg(ccid, Some(&stored.call_session_id), open, now)?;
                 }
                 Ok::<_, crate::AgentError>(())
@@ -388,13 +298,6 @@ async fn first_delivery(agent: &Arc<Agent>, event: Pending, fresh: bool) -> Deli
             to_app(agent, event).await
         }
     }
-}
-
-/// True for the app answers that complete an event: exactly those the edge
-/// classifies as delivered ([`outcome::classify`]), so the agent and the
-/// Dispatcher apply one rule.
-pub fn completes(status: u16, body: &[u8]) -> bool {
-    outcome::classify(&OriginAnswer::http(status, body)).is_delivered()
 }
 
 async fn to_app(agent: &Arc<Agent>, event: Pending) -> Delivery {
@@ -421,15 +324,7 @@ async fn to_app(agent: &Arc<Agent>, event: Pending) -> Delivery {
                 .get("content-type")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
-            match read_limited(resp, MAX_ANSWER_BYTES).await {
-                Ok(body) if completes(status, &body) => Ok(Answer {
-                    status,
-                    content_type: ctype,
-                    body,
-                }),
-                Ok(_) => Err((Some(status), "app_status".to_string())),
-                Err(e) => Err((Some(status), e.chars().take(64).collect())),
-            }
+            forward::app_verdict(status, ctype, read_limited(resp, MAX_ANSWER_BYTES).await)
         }
     };
     let fields = |outcome: &str, status: Option<u16>| {
@@ -483,50 +378,4 @@ pub async fn resume(agent: &Arc<Agent>, all: bool) -> usize {
         });
     }
     n
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_content_type_and_telnyx_headers_pass() {
-        let mut h = HeaderMap::new();
-        h.insert("content-type", HeaderValue::from_static("application/json"));
-        h.insert("telnyx-timestamp", HeaderValue::from_static("1"));
-        h.insert("telnyx-signature-ed25519", HeaderValue::from_static("sig"));
-        h.insert("callfence-epoch", HeaderValue::from_static("999"));
-        h.insert("callfence-assertion", HeaderValue::from_static("v1.x"));
-        h.insert("authorization", HeaderValue::from_static("Bearer x"));
-        let mut names: Vec<_> = forwarded_headers(&h).into_iter().map(|(n, _)| n).collect();
-        names.sort();
-        assert_eq!(
-            names,
-            [
-                "content-type",
-                "telnyx-signature-ed25519",
-                "telnyx-timestamp"
-            ]
-        );
-    }
-
-    #[test]
-    fn only_2xx_and_plain_4xx_complete() {
-        for s in [200, 204, 400, 404, 422] {
-            assert!(completes(s, b"{}"), "{s}");
-        }
-        for s in [301, 408, 429, 500, 503] {
-            assert!(!completes(s, b"{}"), "{s}");
-        }
-    }
-
-    #[test]
-    fn an_app_4xx_saying_not_admitted_does_not_complete() {
-        // The edge would take it for a definite non-delivery and move the
-        // call, so the entry must not be completed here either.
-        let not_admitted = br#"{"callfence":"not_admitted"}"#;
-        assert!(!completes(409, not_admitted));
-        assert!(!completes(401, not_admitted));
-        assert!(completes(200, not_admitted));
-    }
 }

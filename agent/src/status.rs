@@ -1,32 +1,10 @@
-//! The node's own view (`status` command) and the persisted last-beat record
-//! (`last_beat.json` in the state directory) it is built from.
-
-use std::path::Path;
+//! The node's own view (`status` command), built from a fresh observation
+//! and the persisted last-beat record ([`crate::heartbeat::load`]).
 
 use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::files::write_atomic;
-use crate::heartbeat::{observe, BeatRecord};
-
-/// The file name inside the state directory.
-pub const FILE: &str = "last_beat.json";
-
-/// Persists the last beat's record (best effort: a failure is logged).
-pub fn save(state_dir: &Path, record: &BeatRecord) {
-    let Ok(bytes) = serde_json::to_vec_pretty(record) else {
-        return;
-    };
-    if let Err(e) = write_atomic(&state_dir.join(FILE), &bytes, 0o600) {
-        crate::log::warn("last_beat_not_persisted", json!({"error": e.to_string()}));
-    }
-}
-
-/// The last persisted beat record, if any.
-pub fn load(state_dir: &Path) -> Option<BeatRecord> {
-    let bytes = std::fs::read(state_dir.join(FILE)).ok()?;
-    serde_json::from_slice(&bytes).ok()
-}
+use crate::heartbeat::{load, observe};
 
 /// Gathers the node's view: live mode, checkout, app and tunnel, plus the
 /// last beat and the edge's verdict.

@@ -441,7 +441,9 @@ ${node.probeUrl ? `probe_url = "${node.probeUrl}"` : ""}
 [timing]
 heartbeat_interval_ms = 500
 valid_for_s = ${validForS}
-probe_timeout_ms = 300
+# The agent's default: on a loaded machine a 300 ms budget read a slow
+# tunnel or app probe as tunnel_down / not ready and moved calls to M2.
+probe_timeout_ms = 2000
 edge_timeout_ms = 1000
 app_timeout_ms = 8000
 telnyx_resend_ms = 400

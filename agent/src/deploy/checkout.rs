@@ -167,7 +167,7 @@ pub async fn prepare(
     cfg: &DeployConfig,
     runner: &Runner,
     sha: &str,
-    record: &mut super::steps::Recorder,
+    record: &mut super::recorder::Recorder,
 ) -> Result<(), Failure> {
     std::fs::create_dir_all(&cfg.releases_dir)
         .map_err(|e| Failure::new("fetch", format!("releases_dir: {e}")))?;

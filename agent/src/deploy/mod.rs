@@ -3,8 +3,8 @@
 //! # Where a deploy runs, and why
 //!
 //! The steps run **inside the running agent** (`run`); the `deploy` and
-//! `rollback` commands only ask it over the loopback local API and print
-//! its progress. So there is exactly one actor that ever changes the node's
+//! `rollback` commands only ask it over the control socket and print its
+//! progress as each step ends. So there is exactly one actor that ever changes the node's
 //! release and mode:
 //! - killing the `deploy` command (even `kill -9`) changes nothing: the
 //!   agent carries the deploy through to a verified release or restores the
@@ -29,8 +29,9 @@
 //!    9. `mode`.
 //!
 //! A refusal in steps 1–2 leaves nothing behind (the new checkout is
-//! removed). A failure from step 4 on restores: the previous release is
-//! switched back (when it was switched), restarted, checked again (health,
+//! removed). A failed drain (step 4) puts the mode back and stops: nothing
+//! was switched, so nothing is restarted. A failure from step 5 on
+//! restores: the previous release is switched back (when it was switched), restarted, checked again (health,
 //! connector, L5), and the mode put back; the result names the step and the
 //! reason. Without `--shed`, calls still up at the drain deadline fail the
 //! deploy before the switch: the restart would cut them.
@@ -43,16 +44,26 @@
 //! - [`checkout`]: fetch, the protected-branch check, detached checkout,
 //!   build, cleanliness, artifacts.
 //! - [`verify`]: local health, the connector probe, the L5 probe.
+//! - [`verdict`]: each step's verdict, with no I/O.
 //! - [`steps`]: the deploy, rollback and restore sequences.
-//! - [`job`]: the one job slot of the running agent and its local API,
-//!   and the client the commands use.
+//! - [`recorder`]: each step recorded as it ends, into the job slot.
+//! - [`slot`]: the running agent's one job slot, as the control socket
+//!   shows it (steps so far, the wait in progress, the result).
+//! - [`job`]: the control socket's requests: start a job, read the latest.
+//! - [`report`]: the operator's lines: steps, progress, the final line.
+//! - [`client`]: the `deploy`, `rollback` and `job` commands.
 
 pub mod build_user;
 pub mod checkout;
+pub mod client;
 pub mod job;
 pub mod journal;
+pub mod recorder;
 pub mod releases;
+pub mod report;
+pub mod slot;
 pub mod steps;
+pub mod verdict;
 pub mod verify;
 
 use serde::{Deserialize, Serialize};
@@ -106,8 +117,13 @@ pub struct Outcome {
     pub step: Option<String>,
     /// Why it failed.
     pub reason: Option<String>,
-    /// True when the previous release was restored and verified.
+    /// True when the previous release was restored and verified (false
+    /// when nothing was switched: nothing needed restoring).
     pub restored: bool,
+    /// True when `current` was switched to the new release during the job
+    /// (for a recovery: by the interrupted job).
+    #[serde(default)]
+    pub switched: bool,
     /// The mode the node is in now.
     pub mode: String,
     /// Every step, in order.

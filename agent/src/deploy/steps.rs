@@ -2,16 +2,17 @@
 //! starts with an unfinished journal). All three end in `go_live` or
 //! `restore`, so the node only becomes active again on a release that
 //! passed health, connector and L5 just now.
+//!
+//! This module does the I/O and the ordering; what each step's result
+//! means is decided in [`super::verdict`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
-use tokio::time::Instant;
-
 use super::build_user::{self, Runner};
 use super::journal::{self, Journal};
-use super::{checkout, is_full_sha, releases, verify, Failure, Outcome, StepRecord};
+use super::recorder::Recorder;
+use super::{checkout, releases, report, verdict, verify, Failure, Outcome};
 use crate::config::DeployConfig;
 use crate::context::Agent;
 use crate::mode::{self, NodeMode};
@@ -27,53 +28,6 @@ pub struct Request {
     pub deadline: Option<Duration>,
 }
 
-/// Records each step with its duration, publishes it to the job slot and
-/// logs it.
-pub struct Recorder {
-    agent: Arc<Agent>,
-    steps: Vec<StepRecord>,
-}
-
-impl Recorder {
-    /// A recorder publishing to `agent`'s job slot.
-    pub fn new(agent: Arc<Agent>) -> Recorder {
-        Recorder {
-            agent,
-            steps: Vec::new(),
-        }
-    }
-
-    /// Marks the start of a step.
-    pub fn start(&self) -> Instant {
-        Instant::now()
-    }
-
-    fn push(&mut self, step: &str, ok: bool, started: Instant, detail: String) {
-        let record = StepRecord {
-            step: step.to_string(),
-            ok,
-            ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            detail,
-        };
-        crate::log::info(
-            "deploy_step",
-            json!({"step": record.step, "ok": ok, "ms": record.ms, "detail": record.detail}),
-        );
-        self.agent.deploy.push(record.clone());
-        self.steps.push(record);
-    }
-
-    /// A step that succeeded.
-    pub fn done(&mut self, step: &str, started: Instant, detail: String) {
-        self.push(step, true, started, detail);
-    }
-
-    /// A step that failed.
-    fn failed(&mut self, started: Instant, f: &Failure) {
-        self.push(f.step, false, started, f.reason.clone());
-    }
-}
-
 fn now_text() -> String {
     callfence_core::time::format_ms(crate::clock::now_ms())
 }
@@ -85,6 +39,21 @@ fn outcome(
     from: Option<String>,
     to: Option<String>,
     failure: Option<(Failure, bool)>,
+    rec: Recorder,
+) -> Outcome {
+    let switched = rec.steps().iter().any(|s| s.step == "switch" && s.ok);
+    outcome_switched(agent, kind, from, to, failure, switched, rec)
+}
+
+/// [`outcome`] when whether `current` was switched is known otherwise (a
+/// recovery: from the journal).
+fn outcome_switched(
+    agent: &Agent,
+    kind: &str,
+    from: Option<String>,
+    to: Option<String>,
+    failure: Option<(Failure, bool)>,
+    switched: bool,
     rec: Recorder,
 ) -> Outcome {
     let live = agent
@@ -105,8 +74,9 @@ fn outcome(
         step,
         reason,
         restored,
+        switched,
         mode: mode::read(&agent.config.state_dir).mode.to_string(),
-        steps: rec.steps,
+        steps: rec.into_steps(),
     }
 }
 
@@ -159,29 +129,23 @@ pub async fn rollback(
     mut rec: Recorder,
 ) -> Outcome {
     let started = rec.start();
-    let from = releases::current(&cfg);
-    let target = releases::history(&agent.config.state_dir)
-        .into_iter()
-        .find(|r| {
-            releases::trusted(&r.result)
-                && from.as_ref().ok().and_then(|f| f.as_deref()) != Some(r.sha.as_str())
-                && releases::dir(&cfg, &r.sha).is_dir()
-        })
-        .map(|r| r.sha);
-    let failure = match (&from, &target) {
-        (Err(e), _) => Some(Failure::new("validate", e.0.clone())),
-        (_, None) => Some(Failure::new(
-            "validate",
-            "no earlier verified release is kept",
-        )),
-        _ => journal_busy(&agent),
+    let live = releases::current(&cfg);
+    let from = live.as_ref().ok().cloned().flatten();
+    let history = releases::history(&agent.config.state_dir);
+    let target = verdict::rollback_target(&history, from.as_deref(), |sha| {
+        releases::dir(&cfg, sha).is_dir()
+    });
+    let checked = live
+        .map_err(|e| Failure::new("validate", e.0))
+        .and_then(|_| target.clone())
+        .and_then(|to| verdict::journal_free(journal::read(&agent.config.state_dir)).map(|_| to));
+    let to = match checked {
+        Ok(to) => to,
+        Err(f) => {
+            rec.failed(started, &f);
+            return outcome(&agent, "rollback", from, target.ok(), Some((f, false)), rec);
+        }
     };
-    let from = from.ok().flatten();
-    if let Some(f) = failure {
-        rec.failed(started, &f);
-        return outcome(&agent, "rollback", from, target, Some((f, false)), rec);
-    }
-    let to = target.unwrap_or_default();
     rec.done("validate", started, format!("back to {to}"));
     if let Err(f) = build_account(&agent, &cfg, &mut rec).await {
         return outcome(&agent, "rollback", from, Some(to), Some((f, false)), rec);
@@ -224,31 +188,11 @@ async fn build_account(
     }
 }
 
-fn journal_busy(agent: &Agent) -> Option<Failure> {
-    match journal::read(&agent.config.state_dir) {
-        Ok(None) => None,
-        Ok(Some(_)) => Some(Failure::new(
-            "validate",
-            "an unfinished deploy is in the journal",
-        )),
-        Err(e) => Some(Failure::new("validate", e.0)),
-    }
-}
-
 fn validate(agent: &Agent, cfg: &DeployConfig, sha: &str) -> Result<Option<String>, Failure> {
-    if !is_full_sha(sha) {
-        return Err(Failure::new(
-            "validate",
-            "a release is a full commit: 40 lowercase hex digits (no branch, tag or short SHA)",
-        ));
-    }
+    verdict::target(sha, None)?;
     let from = releases::current(cfg).map_err(|e| Failure::new("validate", e.0))?;
-    if from.as_deref() == Some(sha) {
-        return Err(Failure::new("validate", format!("{sha} is already live")));
-    }
-    if let Some(f) = journal_busy(agent) {
-        return Err(f);
-    }
+    verdict::target(sha, from.as_deref())?;
+    verdict::journal_free(journal::read(&agent.config.state_dir))?;
     Ok(from)
 }
 
@@ -258,25 +202,12 @@ async fn allowed(agent: &Agent, sha: &str) -> Result<String, Failure> {
     let rec =
         crate::heartbeat::beat_once(&agent.config, &agent.http, &agent.keys, &agent.edge).await;
     agent.set_last_beat(rec.clone());
-    let fail = |why: String| Failure::new("allowed_shas", why);
-    if rec.outcome != "accepted" {
-        return Err(fail(format!(
-            "cannot read the registry's allowed_shas: the beat was {} ({})",
-            rec.outcome,
-            rec.refused.unwrap_or_default()
-        )));
-    }
-    match rec.allowed_shas {
-        None => Err(fail("the edge did not report allowed_shas".into())),
-        Some(Value::Null) => Ok("the registry lists no allowed_shas for this node".into()),
-        Some(Value::Array(list)) if list.iter().any(|v| v.as_str() == Some(sha)) => {
-            Ok(format!("{sha} is in allowed_shas"))
-        }
-        Some(Value::Array(_)) => Err(fail(format!(
-            "{sha} is not in this node's allowed_shas: promote it in the registry first"
-        ))),
-        Some(_) => Err(fail("the edge reported a malformed allowed_shas".into())),
-    }
+    verdict::allowed(
+        &rec.outcome,
+        rec.refused.as_deref(),
+        rec.allowed_shas.as_ref(),
+        sha,
+    )
 }
 
 /// Steps 3–9, restoring on any failure from the switch on.
@@ -320,31 +251,29 @@ async fn go_live(
 
     let started = rec.start();
     let deadline = req.deadline.unwrap_or(cfg.drain_deadline);
-    let drained = match crate::drain::drain(&agent.config, deadline, req.shed).await {
-        Ok(r) if r.drained => Ok("no call left".to_string()),
-        Ok(r) if req.shed && r.shed.iter().all(|s| s.result.starts_with('2')) => {
-            Ok(format!("{} call(s) shed at the deadline", r.shed.len()))
-        }
-        Ok(r) => Err(format!(
-            "{} call(s) still up after {} s (use --shed to hang them up)",
-            r.remaining.len().max(r.active_calls.unwrap_or(0) as usize),
-            deadline.as_secs()
-        )),
-        Err(e) => Err(e.0),
+    let slot = rec.slot();
+    let progress = move |calls: Option<u32>, left: Duration| {
+        slot.wait("drain", report::drain_note(calls, left));
     };
+    let report = crate::drain::drain(&agent.config, deadline, req.shed, progress).await;
+    let drained = verdict::drained(report, req.shed, deadline);
     match drained {
         Ok(d) => rec.done("drain", started, d),
         Err(reason) => {
             let f = Failure::new("drain", reason);
             rec.failed(started, &f);
+            // Nothing was switched: the release that ran all along stays,
+            // with its mode; nothing needed restoring.
             let started = rec.start();
-            let restored = put_mode_back(&state, prior).is_ok() && journal::clear(&state).is_ok();
-            rec.done(
-                "restore_mode",
-                started,
-                format!("mode {prior}, release unchanged"),
-            );
-            return outcome(&agent, kind, from, Some(to), Some((f, restored)), rec);
+            match put_mode_back(&state, prior).and_then(|_| journal::clear(&state)) {
+                Ok(()) => rec.done(
+                    "restore_mode",
+                    started,
+                    format!("mode {prior}, release unchanged"),
+                ),
+                Err(e) => rec.failed(started, &Failure::new("restore_mode", e.0)),
+            }
+            return outcome(&agent, kind, from, Some(to), Some((f, false)), rec);
         }
     }
 
@@ -416,18 +345,7 @@ async fn check(
     rec: &mut Recorder,
     prefix: &str,
 ) -> Result<(), Failure> {
-    let name = |s: &'static str| -> &'static str {
-        if prefix.is_empty() {
-            s
-        } else {
-            match s {
-                "restart" => "restore_restart",
-                "health" => "restore_health",
-                "connector" => "restore_connector",
-                _ => "restore_l5",
-            }
-        }
-    };
+    let name = |check: &'static str| verdict::check_name(check, !prefix.is_empty());
     let started = rec.start();
     let dir = releases::dir(cfg, sha);
     let restarted = match build_user::resolve(&agent.config, cfg).await {
@@ -448,7 +366,11 @@ async fn check(
         let result = match which {
             0 => verify::health(agent, sha, cfg.health_timeout).await,
             1 => verify::connector(agent, cfg.health_timeout).await,
-            _ => verify::l5(agent, sha, cfg.health_timeout).await,
+            _ => {
+                let slot = rec.slot();
+                let waiting = |d| slot.wait(name(step), report::probe_limit_note(d));
+                verify::l5(agent, sha, cfg.health_timeout, waiting).await
+            }
         };
         match result {
             Ok(detail) => rec.done(name(step), started, detail),
@@ -484,8 +406,8 @@ async fn restore(
         return Err(f);
     };
     let current = releases::current(cfg).ok().flatten();
-    let must_restart = switched || current.as_deref() != Some(from.as_str());
-    if current.as_deref() != Some(from.as_str()) {
+    let plan = verdict::restore_plan(&from, current.as_deref(), switched);
+    if plan.switch_back {
         if let Err(e) = releases::switch(cfg, &from) {
             let f = Failure::new("restore_switch", e.0);
             rec.failed(started, &f);
@@ -493,7 +415,7 @@ async fn restore(
         }
     }
     rec.done("restore_switch", started, format!("current -> {from}"));
-    let checked = if must_restart {
+    let checked = if plan.restart {
         check(agent, cfg, &from, rec, "restore_").await
     } else {
         verify_only(agent, cfg, &from, rec).await
@@ -553,7 +475,9 @@ async fn verify_only(
         }
     }
     let started = rec.start();
-    match verify::l5(agent, sha, cfg.health_timeout).await {
+    let slot = rec.slot();
+    let waiting = |d| slot.wait("restore_l5", report::probe_limit_note(d));
+    match verify::l5(agent, sha, cfg.health_timeout, waiting).await {
         Ok(d) => {
             rec.done("restore_l5", started, d);
             Ok(())
@@ -587,7 +511,7 @@ pub async fn recover(
             j.step
         ),
     );
-    let switched = j.step != "drain";
+    let switched = verdict::journal_switched(&j);
     let failure = restore(&agent, &cfg, &j, switched, &mut rec)
         .await
         .err()
@@ -604,15 +528,16 @@ pub async fn recover(
             true,
         ))
     });
-    if j.step != "drain" {
+    if switched {
         let _ = releases::record(&agent.config.state_dir, &j.to, "failed", &now_text());
     }
-    outcome(
+    outcome_switched(
         &agent,
         "recover",
         j.from.clone(),
         Some(j.to.clone()),
         failure,
+        switched,
         rec,
     )
 }

@@ -11,7 +11,6 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::common::*;
-use crate::git;
 
 /// A clean checkout with one commit, and a node whose runtime checkout it
 /// is.

@@ -20,20 +20,3 @@ mod git;
 mod local_api;
 mod options;
 mod slow_clients;
-
-use std::path::Path;
-use std::process::Command;
-
-/// `git -C dir args...` as a test author would type it (user config for
-/// commits), its trimmed stdout; panics when git fails.
-pub fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}

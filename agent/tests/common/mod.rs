@@ -5,10 +5,12 @@
 
 #![allow(dead_code)]
 
+pub mod deploy;
+
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -438,6 +440,8 @@ pub struct AppSeen {
     pub requests: Mutex<Vec<(HeaderMap, Vec<u8>)>>,
     /// Milliseconds to wait before answering call number i (0-based).
     pub delays: Mutex<Vec<u64>>,
+    /// The calls the app says it holds (its status's `active_calls`).
+    pub active_calls: AtomicU32,
 }
 
 /// The demo voice app: answers `{"ok":true,"n":<call number>}` and the
@@ -452,9 +456,10 @@ pub async fn demo_app() -> (String, Arc<AppSeen>) {
         }
         Json(json!({"ok": true, "n": n + 1}))
     }
-    async fn status() -> Json<Value> {
+    async fn status(State(s): State<Arc<AppSeen>>) -> Json<Value> {
+        let active = s.active_calls.load(Ordering::SeqCst);
         Json(
-            json!({"ready": true, "active_calls": 0, "max_calls": 4, "lines": {"property_management_ca": "+15102160079"}}),
+            json!({"ready": true, "active_calls": active, "max_calls": 4, "lines": {"property_management_ca": "+15102160079"}}),
         )
     }
     let seen = Arc::new(AppSeen::default());
@@ -556,4 +561,18 @@ pub async fn flaky_edge(port: u16, failures: usize) -> Arc<AtomicUsize> {
         .unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     asked
+}
+
+/// `git -C dir args...` as a test author would type it (user config for
+/// commits), its trimmed stdout; panics when git fails.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
