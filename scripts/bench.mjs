@@ -74,7 +74,9 @@
 // BENCH_THROUGHPUT_CALLS (1000), BENCH_CONCURRENCY (8),
 // BENCH_FORWARD_TIMEOUT_MS (1500), BENCH_OVERLOAD_CALLS (600),
 // BENCH_OVERLOAD_CONCURRENCY (32), BENCH_FLOOR_COMMITS (2),
-// BENCH_FLOOR_EXTRA_SQL (0). BENCH_ONLY=overload runs the overload phase
+// BENCH_FLOOR_EXTRA_SQL (0). BENCH_ONLY=metrics measures what the edge's
+// metrics cost (statements per webhook, a scrape's messages, statements and
+// CPU; BENCH_SCRAPES, BENCH_BUILD). BENCH_ONLY=overload runs the overload phase
 // alone (after BENCH_WARMUP sequential calls), for a machine others share;
 // its figures include every answer's p99.9 and max, client side and from
 // the Worker's log lines. BENCH_DOCS=1 also writes the figures
@@ -1409,8 +1411,101 @@ async function overloadOnly() {
   }
 }
 
+/** Every SQLite database file under `dir` but the runtime's namespace
+ * metadata: one per Durable Object instance. */
+function objectFiles(dir) {
+  const found = [];
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) found.push(...objectFiles(path));
+    else if (entry.name.endsWith(".sqlite") && entry.name !== "metadata.sqlite") found.push(path);
+  }
+  return found;
+}
+
+/** The sum over every operation of one profile field, after minus before. */
+function profileTotal(before, after, field) {
+  let total = 0;
+  for (const op of new Set([...Object.keys(before), ...Object.keys(after)])) {
+    total += (after[op]?.[field] ?? 0) - (before[op]?.[field] ?? 0);
+  }
+  return total;
+}
+
+/**
+ * BENCH_ONLY=metrics: what the edge's metrics cost (docs/metrics.md). On
+ * its own edge (after `make build`; BENCH_BUILD=<a build directory under the
+ * checkout> runs another build, e.g. the commit before metrics), after
+ * BENCH_WARMUP calls: the Dispatcher's SQL statements per webhook over
+ * BENCH_CALLS sequential calls (its profile), then BENCH_SCRAPES (200)
+ * sequential scrapes of GET /v1/metrics: Dispatcher messages and SQL
+ * statements per scrape, the Durable Object instances that exist (their
+ * SQLite files), the edge workerd's CPU per scrape (/proc, user + system)
+ * and the scrape's latency. A build without the route says so and measures
+ * the webhooks only.
+ */
+async function metricsOnly() {
+  const before = conditions();
+  const scrapes = int("BENCH_SCRAPES", 200);
+  const origin = await startPlainOrigin();
+  const keys = testKeys();
+  const node = ed25519();
+  const metricsToken = randomUUID().replaceAll("-", "");
+  const build = process.env.BENCH_BUILD ? join(ROOT, process.env.BENCH_BUILD) : undefined;
+  const bindings = { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS), METRICS_TOKENS: metricsToken };
+  const { result: edge, pid } = await newWorkerd(() => startEdge({ keys, bindings, build }));
+  let stopBeating = () => {};
+  try {
+    stopBeating = await setUpCallfence(edge, origin, node);
+    for (let i = 0; i < WARMUP; i += 1) await timed(edge.url, newCall(keys, "warm", i), checkCallfence);
+    const p0 = await dispatcherProfile(edge);
+    const c0 = cpuMs(pid);
+    for (let i = 0; i < CALLS; i += 1) await timed(edge.url, newCall(keys, "seq", i), checkCallfence);
+    const webhookCpu = (cpuMs(pid) - c0) / CALLS;
+    const p1 = await dispatcherProfile(edge);
+    const webhook = profileDelta(p0, p1, "webhook");
+    console.log(`\n== bench: metrics (BENCH_ONLY=metrics${process.env.BENCH_BUILD ? `, BENCH_BUILD=${process.env.BENCH_BUILD}` : ""})`);
+    console.log(`machine: ${before.machine}; load average ${before.load}; commit ${before.commit}`);
+    console.log(`webhooks: ${CALLS} sequential new calls after ${WARMUP} warm-up: ${webhook.statements.toFixed(2)} SQL statements per webhook (Dispatcher profile, ${webhook.count} webhooks); edge workerd CPU ${webhookCpu.toFixed(2)} ms per webhook`);
+    const scrape = () => edge.fetch("/v1/metrics", { headers: bearer(metricsToken) });
+    const first = await scrape();
+    await first.text();
+    if (first.status === 404) {
+      console.log("scrapes: this build has no GET /v1/metrics");
+      return;
+    }
+    if (first.status !== 200) throw new Error(`GET /v1/metrics: ${first.status}`);
+    for (let i = 0; i < 20; i += 1) await (await scrape()).text();
+    const q0 = await dispatcherProfile(edge);
+    const d0 = cpuMs(pid);
+    const latency = [];
+    let bytes = 0;
+    for (let i = 0; i < scrapes; i += 1) {
+      const started = performance.now();
+      const res = await scrape();
+      const text = await res.text();
+      latency.push(performance.now() - started);
+      if (res.status !== 200) throw new Error(`GET /v1/metrics: ${res.status} ${text}`);
+      bytes = text.length;
+    }
+    const scrapeCpu = (cpuMs(pid) - d0) / scrapes;
+    const q1 = await dispatcherProfile(edge);
+    const metrics = profileDelta(q0, q1, "metrics");
+    const messages = profileTotal(q0, q1, "count") / scrapes;
+    const objects = objectFiles(edge.dir).length;
+    const lat = summary(latency);
+    console.log(`scrapes: ${scrapes} sequential GET /v1/metrics (${bytes} bytes each): ${messages.toFixed(2)} Dispatcher messages per scrape (profile, every op; heartbeats included), ${metrics.statements.toFixed(2)} SQL statements per scrape, ${objects} Durable Object instance(s) in storage; edge workerd CPU ${scrapeCpu.toFixed(2)} ms per scrape; latency p50 ${lat.p50.toFixed(2)} ms, p99 ${lat.p99.toFixed(2)} ms`);
+  } finally {
+    stopBeating();
+    await edge.dispose();
+    await origin.close();
+  }
+}
+
 if (process.env.BENCH_ONLY === "overload") {
   await overloadOnly();
+} else if (process.env.BENCH_ONLY === "metrics") {
+  await metricsOnly();
 } else {
   profiledRun();
   await main();

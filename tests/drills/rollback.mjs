@@ -118,6 +118,7 @@ export function routeTable(stack, session) {
     "GET /v1/calls": async () => ({ status: await get("/v1/calls?limit=1"), expect: [200] }),
     "GET /v1/events": async () => ({ status: await get("/v1/events?limit=1"), expect: [200] }),
     "GET /v1/health": async () => ({ status: await get("/v1/health"), expect: [200] }),
+    "GET /v1/metrics": async () => ({ status: await get("/v1/metrics"), expect: [200] }),
     "GET /v1/keys": async () => ({ status: await get("/v1/keys", {}), expect: [200] }),
     "GET /healthz": async () => ({ status: await get("/healthz", {}), expect: [200] }),
     "GET /": async () => ({ status: await get("/", {}), expect: [200] }),

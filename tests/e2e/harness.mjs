@@ -81,6 +81,7 @@ export function testKeys() {
     edgeNextKid: "edge-test-b",
     adminToken: token(),
     policyToken: token(),
+    metricsToken: token(),
     mediaKey: randomBytes(32).toString("base64"),
   };
 }
@@ -97,6 +98,7 @@ export function bindingsFor(keys) {
     ]),
     ADMIN_TOKENS: keys.adminToken,
     POLICY_TOKENS: keys.policyToken,
+    METRICS_TOKENS: keys.metricsToken,
     MEDIA_TOKEN_KEYS: `m1:${keys.mediaKey}`,
     FORWARD_TIMEOUT_MS: "1500",
     ORIGIN_ALLOW_PLAINTEXT: "true",

@@ -129,16 +129,13 @@ function delta(a, b, series) {
 }
 
 async function metricsCluster() {
-  const metricsToken = token();
   const policy = {
     schema: "riff_node_routing_policy_v1",
     default_node: "M1",
     by_line: { sales: { called_number: SALES, preferred_node: "M1", fallback_node: "M2" } },
     by_caller: {},
   };
-  const cluster = await setupCluster({ policy, bindings: { METRICS_TOKENS: metricsToken } });
-  cluster.edge.keys.metricsToken = metricsToken;
-  return cluster;
+  return setupCluster({ policy });
 }
 
 let calls = 0;

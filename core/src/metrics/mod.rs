@@ -292,7 +292,7 @@ mod tests {
         for f in FAMILIES {
             assert!(f.name.starts_with("callfence_"), "{}", f.name);
             assert_eq!(f.kind == Kind::Counter, f.name.ends_with("_total"));
-            assert!(!f.help.contains('\n'));
+            assert!(!f.help.contains(['\n', '\\']), "{}", f.name);
         }
     }
 
