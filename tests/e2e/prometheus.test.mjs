@@ -18,7 +18,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import { join } from "node:path";
 import { startPrometheus } from "../../scripts/prometheus.mjs";
-import { bindingsFor, ROOT, testKeys, token } from "./harness.mjs";
+import { ROOT, testKeys } from "./harness.mjs";
 import {
   CANARY_CALLER,
   event,
@@ -79,7 +79,7 @@ describe("a real Prometheus scrapes the edge and the agents", () => {
   let prom;
   let front;
   const keys = testKeys();
-  const metricsToken = token();
+  const { metricsToken } = keys;
   // Everything the story sends that must never show in a metric.
   const secrets = [keys.adminToken, keys.policyToken, metricsToken, LINE.number, LINE.number.slice(1), PLAIN_CALLER, CANARY_CALLER];
 
@@ -92,7 +92,7 @@ describe("a real Prometheus scrapes the edge and the agents", () => {
       // Staleness is not under test: a beat delayed by a loaded machine
       // must not move a call.
       validForS: 10,
-      edge: { keys, bindings: { ...bindingsFor(keys), METRICS_TOKENS: metricsToken } },
+      edge: { keys },
       originFront: async (id, url) => {
         if (id !== "M3") return url;
         front = await startFront(url);
