@@ -1,6 +1,6 @@
 # callfence: every command sets itself up first (scripts/setup.sh is
 # idempotent), so a fresh machine needs only Rust, Node 20 and npm.
-.PHONY: build test dev demo-call bench model-check drill
+.PHONY: build test dev observe demo-call bench model-check drill
 
 ## build: the Worker into build/ (index.js, index_bg.wasm), offline
 build:
@@ -15,6 +15,12 @@ test:
 ## documents and the demo nodes M1..M3 (real agents); Ctrl-C stops it
 dev:
 	bash scripts/dev.sh
+
+## observe: a local Prometheus (Debian's) scraping the running `make dev`
+## with the shipped alerting rules (ops/prometheus); prints its URL
+observe:
+	bash scripts/setup.sh
+	node scripts/observe.mjs
 
 ## demo-call: a signed sample call to the running `make dev` (optional TO=, FROM=, KEEP=1)
 demo-call:

@@ -27,10 +27,10 @@
 //
 // Environment: CALLFENCE_DEV_DIR (above), CALLFENCE_DEV_PORT (dispatcher,
 // default 8787), CALLFENCE_DEV_TELNYX_PORT (fake Telnyx API, default 8790),
-// CALLFENCE_DEV_NODE_PORTS (the nodes' origin, local API and app ports:
-// unset, those of policy/nodes.example.json, 8701-8703 and neighbours; `0`,
-// free ports chosen on the first run in a dev directory and kept in its
-// ports.json, the registry loaded with those origins); each `0` picks free
+// CALLFENCE_DEV_NODE_PORTS (the nodes' origin, local API, metrics and app
+// ports: unset, those of policy/nodes.example.json, 8701-8703 and
+// neighbours; `0`, free ports chosen on the first run in a dev directory and
+// kept in its ports.json, the registry loaded with those origins); each `0` picks free
 // ports, so tests never collide with a running `make dev`.
 // CALLFENCE_AGENT_BIN_DIR (where callfence-agent, callfence-demo-app and
 // callfence-fake-telnyx are; default target/debug).
@@ -86,10 +86,14 @@ const EDGE_KID = "dev-edge";
 // property_management_ca, M2 for front_desk, M1 the fallback of both).
 const LINES = { property_management_ca: "+15102160079", front_desk: "+15105550123" };
 export const NODES = [
-  { node: "M1", seedByte: 1, origin: 8701, local: 8711, app: 9001, lines: ["property_management_ca", "front_desk"] },
-  { node: "M2", seedByte: 2, origin: 8702, local: 8712, app: 9002, lines: ["front_desk"] },
-  { node: "M3", seedByte: 3, origin: 8703, local: 8713, app: 9003, lines: ["property_management_ca"] },
+  { node: "M1", seedByte: 1, origin: 8701, local: 8711, metrics: 8721, app: 9001, lines: ["property_management_ca", "front_desk"] },
+  { node: "M2", seedByte: 2, origin: 8702, local: 8712, metrics: 8722, app: 9002, lines: ["front_desk"] },
+  { node: "M3", seedByte: 3, origin: 8703, local: 8713, metrics: 8723, app: 9003, lines: ["property_management_ca"] },
 ];
+/** Where node `n`'s agent serves its metrics (listen.metrics_listen). */
+export function metricsUrl(n) {
+  return `http://127.0.0.1:${n.metrics}/metrics`;
+}
 
 /** The public origin URL of demo node `n` (its agent's origin proxy). */
 function originUrl(n) {
@@ -120,10 +124,17 @@ async function assignNodePorts() {
   }
   let chosen = existsSync(paths.ports) ? JSON.parse(readFileSync(paths.ports, "utf8")) : null;
   if (!chosen && wanted === "0") {
-    const ports = await freePorts(NODES.length * 3);
+    const ports = await freePorts(NODES.length * 4);
     chosen = Object.fromEntries(
-      NODES.map((n, i) => [n.node, { origin: ports[3 * i], local: ports[3 * i + 1], app: ports[3 * i + 2] }]),
+      NODES.map((n, i) => [n.node, { origin: ports[4 * i], local: ports[4 * i + 1], app: ports[4 * i + 2], metrics: ports[4 * i + 3] }]),
     );
+    writeFileSync(paths.ports, `${JSON.stringify(chosen)}\n`);
+  }
+  // A ports.json from before the agents' metrics listeners: free ones for them.
+  const lacking = chosen ? NODES.filter((n) => chosen[n.node] && chosen[n.node].metrics === undefined) : [];
+  if (lacking.length) {
+    const ports = await freePorts(lacking.length);
+    lacking.forEach((n, i) => (chosen[n.node].metrics = ports[i]));
     writeFileSync(paths.ports, `${JSON.stringify(chosen)}\n`);
   }
   for (const n of NODES) Object.assign(n, chosen?.[n.node] ?? {});
@@ -308,6 +319,7 @@ api_key_file = "${paths.telnyxApiKey}"
 [listen]
 origin = "127.0.0.1:${n.origin}"
 local = "127.0.0.1:${n.local}"
+metrics_listen = "127.0.0.1:${n.metrics}"
 
 [app]
 webhook_url = "http://127.0.0.1:${n.app}/telnyx/webhook"
@@ -732,6 +744,7 @@ async function main() {
           NODES.map((n) => [n.node, {
             origin_url: originUrl(n),
             local_api: `http://127.0.0.1:${n.local}`,
+            metrics: metricsUrl(n),
             app: `http://127.0.0.1:${n.app}`,
             config: join(nodeDir(n), "agent.toml"),
           }]),
@@ -774,6 +787,9 @@ callfence dev is running. Ctrl-C stops everything.
   nodes (callfence-agent -> callfence-demo-app):
 ${NODES.map((n) => `    ${n.node}  origin ${originUrl(n)}  local API http://127.0.0.1:${n.local}  app http://127.0.0.1:${n.app}  config ${join(nodeDir(n), "agent.toml")}`).join("\n")}
   local API      bearer: <node>/state/local-api.token; deploy/rollback/job: the CLI, over <node>/state/control.sock
+  agent metrics  no token (each agent's listen.metrics_listen):
+${NODES.map((n) => `                 ${n.node} ${metricsUrl(n)}`).join("\n")}
+                 \`make observe\` scrapes them and the edge with Prometheus and the shipped alerting rules
   node status:
 ${rows.join("\n") || "    (no status yet)"}
   lines:

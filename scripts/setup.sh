@@ -7,6 +7,9 @@
 #   wasm-bindgen in Cargo.lock; installed without --locked, see
 #   docs/TOOLCHAIN or shared notes: its lock names a crate the registry lacks),
 # - Debian's chromium (apt-get, only when missing) for the browser tests,
+# - Debian's prometheus (apt-get, only when missing: /usr/bin/prometheus and
+#   promtool) for the alerting rules' tests, the end-to-end scrape and
+#   `make observe`,
 # - the npm devDependencies (wrangler, miniflare, binaryen, puppeteer-core) from
 #   package-lock.json, with `npm ci`, only when node_modules is missing or
 #   older than the lock file.
@@ -51,6 +54,17 @@ if ! command -v chromium >/dev/null 2>&1; then
   [[ "$(id -u)" -eq 0 ]] || sudo="sudo"
   $sudo apt-get update
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y chromium
+fi
+
+# Debian's prometheus for ops/prometheus (promtool check and test rules),
+# tests/e2e/prometheus.test.mjs and `make observe`. Only the binaries are
+# used: the package's own service is never started by the project.
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  say "installing Debian's prometheus (the alerting rules' tests, make observe)"
+  sudo=""
+  [[ "$(id -u)" -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y prometheus
 fi
 
 # npm ci when node_modules is missing or was installed from another lock file.

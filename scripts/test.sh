@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make test`: sets itself up and runs every test, failing on the first
-# failure: the docs' links, formatting, lints, unit and integration tests, the docs (rustdoc
+# failure: the docs' links, the shipped alerting rules (promtool), formatting, lints, unit and integration tests, the docs (rustdoc
 # with warnings as errors: broken intra-doc links, bad markup), the core's wasm
 # build (it must import nothing from "env"), the simulation, the Worker build,
 # wrangler's offline dry-run deploy, the end-to-end tests in Miniflare, the
@@ -19,6 +19,11 @@ scripts/setup.sh
 
 step "docs: every relative link in README.md and docs/ resolves"
 node --test tests/docs/
+
+step "ops: promtool checks the shipped Prometheus config and rules, and runs the rules' unit tests"
+promtool check config --syntax-only ops/prometheus/prometheus.yml
+promtool check rules ops/prometheus/rules.yml
+promtool test rules ops/prometheus/rules.test.yml
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

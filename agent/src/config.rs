@@ -160,6 +160,8 @@ struct RawListen {
     local: SocketAddr,
     #[serde(default = "default_max_connections")]
     max_connections: usize,
+    #[serde(default)]
+    metrics_listen: Option<SocketAddr>,
 }
 
 fn default_max_connections() -> usize {
@@ -303,6 +305,10 @@ pub struct Config {
     pub listen_local: SocketAddr,
     /// The origin listener's bound on open connections (`listen.max_connections`).
     pub max_connections: usize,
+    /// Where `GET /metrics` is also served, without the local API's token
+    /// and with no other route (`listen.metrics_listen`), for a Prometheus on
+    /// another host; `None` serves metrics on the local API only.
+    pub listen_metrics: Option<SocketAddr>,
     /// The voice app's webhook route (loopback).
     pub app_webhook_url: Url,
     /// The voice app's status endpoint (see [`crate::probe`]).
@@ -576,6 +582,7 @@ fn validate(raw: RawConfig) -> Result<Config, AgentError> {
         listen_origin: raw.listen.origin,
         listen_local: raw.listen.local,
         max_connections: raw.listen.max_connections,
+        listen_metrics: raw.listen.metrics_listen,
         app_webhook_url,
         app_status_url,
         origin_url: raw.origin.url,
@@ -858,11 +865,14 @@ mod tests {
         let c = from_toml(&example_toml("/var/lib/cf")).unwrap();
         assert_eq!((c.max_connections, c.telnyx_connection_id), (256, None));
         assert_eq!(c.timing.request_read_timeout_ms, 5_000);
+        assert_eq!(c.listen_metrics, None, "metrics on the local API only");
         let with = |listen: &str, telnyx: &str| {
             example_toml("/var/lib/cf")
                 .replace("[listen]\n", &format!("[listen]\n{listen}\n"))
                 .replace("[telnyx]\n", &format!("[telnyx]\n{telnyx}\n"))
         };
+        let c = from_toml(&with("metrics_listen = \"0.0.0.0:9464\"", "")).unwrap();
+        assert_eq!(c.listen_metrics, Some("0.0.0.0:9464".parse().unwrap()));
         let c = from_toml(&with("max_connections = 32", "connection_id = \"c-1\"")).unwrap();
         assert_eq!(
             (c.max_connections, c.telnyx_connection_id.as_deref()),
@@ -873,6 +883,7 @@ mod tests {
             ("max_connections = 65537", ""),
             ("", "connection_id = \"\""),
             ("", "connection_id = \"a b\""),
+            ("metrics_listen = \"localhost\"", ""),
         ] {
             assert!(
                 from_toml(&with(listen, telnyx)).is_err(),

@@ -283,6 +283,19 @@ impl Ledger {
             .map_err(sql_err)
     }
 
+    /// How many events are `received` and how many `completed` (the
+    /// ledger's depth, for [`crate::metrics`]).
+    pub fn depth(&self) -> Result<(u64, u64), AgentError> {
+        self.conn()
+            .query_row(
+                "SELECT COALESCE(SUM(state = 'received'), 0), COALESCE(SUM(state = 'completed'), 0) FROM events",
+                [],
+                |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)),
+            )
+            .map(|(r, c)| (r.unsigned_abs(), c.unsigned_abs()))
+            .map_err(sql_err)
+    }
+
     /// Counts one delivery attempt.
     pub fn count_attempt(&self, event_id: &str, now_ms: i64) -> Result<(), AgentError> {
         self.conn()
@@ -419,9 +432,11 @@ mod tests {
         let l = Ledger::open(&dir).unwrap();
         assert_eq!(l.lookup("e1").unwrap(), Entry::Absent);
         assert!(!l.is_admitted("s1").unwrap());
+        assert_eq!(l.depth().unwrap(), (0, 0));
         assert!(l.insert_received(&pending("e1"), 10).unwrap());
         assert!(!l.insert_received(&pending("e1"), 11).unwrap());
         assert!(l.is_admitted("s1").unwrap());
+        assert_eq!(l.depth().unwrap(), (1, 0));
         l.count_attempt("e1", 12).unwrap();
         match l.lookup("e1").unwrap() {
             Entry::Received(p) => {
@@ -437,6 +452,7 @@ mod tests {
         };
         assert!(l.complete("e1", &ans, 13).unwrap());
         assert!(!l.complete("e1", &ans, 14).unwrap());
+        assert_eq!(l.depth().unwrap(), (0, 1));
         assert_eq!(l.lookup("e1").unwrap(), Entry::Completed(ans));
         assert!(l.pending().unwrap().is_empty());
     }

@@ -44,8 +44,11 @@
 //!   bearer token in `state_dir/local-api.token`.
 //! - [`fence`]: the local API's decisions: an answer request, the fence
 //!   reply, Telnyx's answer after a grant, a dial's claim, the media check.
-//! - [`local_api`]: the loopback API for the voice app (`/local/*`, probes),
-//!   translating HTTP, the edge and Telnyx to and from [`fence`].
+//! - [`local_api`]: the loopback API for the voice app (`/local/*`, probes,
+//!   `/metrics`), translating HTTP, the edge and Telnyx to and from [`fence`].
+//! - [`metrics`]: the agent's Prometheus metrics, counted with one call
+//!   where each event is seen, and the `metrics_listen` listener that
+//!   serves only them.
 //! - [`telnyx_options`]: the Telnyx answer and dial options a caller may pass.
 //! - [`control`]: the Unix control socket the `deploy`, `rollback` and `job`
 //!   commands use (the agent's own user or root only).
@@ -90,6 +93,7 @@ pub mod ledger;
 pub mod local_api;
 pub mod local_auth;
 pub mod log;
+pub mod metrics;
 pub mod mode;
 pub mod net;
 pub mod notify;

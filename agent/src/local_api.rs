@@ -29,6 +29,7 @@
 //! fence, Telnyx's answer, a claim, the media check) is decided in
 //! [`crate::fence`]; the handlers here only do the I/O and translate.
 //! - `GET /local/status`: the running agent's last beat and mode.
+//! - `GET /metrics`: the agent's metrics ([`crate::metrics`]), with the token.
 //! - `GET /healthz`: 200 while the process serves.
 //! - `GET /readyz`: 200 only when the mode is `active`, the last beat is
 //!   fresh, accepted and eligible, and the app answers its status probe.
@@ -67,6 +68,7 @@ pub fn router(agent: Arc<Agent>, gate: Gate) -> Router {
         .route("/local/dial", post(dial))
         .route("/local/media/verify", post(media_verify))
         .route("/local/status", get(status))
+        .route("/metrics", get(|State(a)| crate::metrics::exposition(a)))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -92,7 +94,9 @@ async fn answer(State(agent): State<Arc<Agent>>, body: Bytes) -> Response {
     };
     let (ccid, session, epoch) = (&req.call_control_id, &req.call_session_id, req.epoch);
     let fenced = ask_fence(&agent, &FenceRequest::answer(session, ccid, epoch)).await;
-    let grant = match fence::fence_verdict(&fenced) {
+    let verdict = fence::fence_verdict(&fenced);
+    crate::metrics::global().fence(&verdict);
+    let grant = match verdict {
         Ok(grant) => grant,
         Err(no) => {
             match &no {

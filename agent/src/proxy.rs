@@ -118,6 +118,7 @@ async fn health(State(agent): State<Arc<Agent>>) -> Response {
 }
 
 fn refuse(reason: &str, event_id: Option<&str>) -> Response {
+    crate::metrics::global().forward_refused(reason);
     crate::log::warn(
         "webhook_refused",
         json!({"reason": reason, "event_id": event_id}),
@@ -128,7 +129,11 @@ fn refuse(reason: &str, event_id: Option<&str>) -> Response {
 async fn webhook(State(agent): State<Arc<Agent>>, headers: HeaderMap, body: Bytes) -> Response {
     match forward::admit(&agent.config, &headers, &body, now_ms()) {
         Admission::Probe { nonce } => probe_to_app(&agent, &nonce, body).await,
-        Admission::Webhook(pending) => deliver(agent, pending, true).await.into_response(),
+        Admission::Webhook(pending) => {
+            let delivery = deliver(agent, pending, true).await;
+            crate::metrics::global().forwarded(&delivery);
+            delivery.into_response()
+        }
         Admission::Refused { reason, event_id } => refuse(reason, event_id.as_deref()),
     }
 }

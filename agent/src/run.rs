@@ -1,4 +1,5 @@
-//! The `run` command: the origin proxy, the local API and the control
+//! The `run` command: the origin proxy, the local API, the metrics listener
+//! when `listen.metrics_listen` is set ([`crate::metrics`]) and the control
 //! socket (each bounded: [`crate::serve`], [`crate::local_auth`],
 //! [`crate::control`]), the heartbeat loop
 //! (every `timing.heartbeat_interval_ms`), re-delivery of `received` ledger
@@ -18,7 +19,7 @@ use crate::config::Config;
 use crate::context::Agent;
 use crate::heartbeat::beat_once;
 use crate::local_auth::{token_path, Gate, LocalToken};
-use crate::serve::{self, LOCAL_MAX_CONNECTIONS};
+use crate::serve::{self, LOCAL_MAX_CONNECTIONS, METRICS_MAX_CONNECTIONS};
 use crate::{control, local_api, mode, proxy, AgentError};
 
 async fn bind(addr: std::net::SocketAddr, what: &str) -> Result<TcpListener, AgentError> {
@@ -56,12 +57,17 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let local_addr = local
         .local_addr()
         .map_err(|e| AgentError::new(format!("local API: {e}")))?;
+    let metrics = match cfg.listen_metrics {
+        Some(addr) => Some(bind(addr, "metrics listener").await?),
+        None => None,
+    };
     let control_socket = control::bind(&cfg.state_dir)?;
     crate::log::info(
         "agent_started",
         json!({"node": cfg.node, "version": crate::AGENT_VERSION, "mode": reading.mode.as_str(),
                "mode_note": reading.fallback, "origin": origin.local_addr().ok().map(|a| a.to_string()),
-               "local": local_addr.to_string(), "signing_key_id": agent.keys.current().kid,
+               "local": local_addr.to_string(), "metrics": metrics.as_ref().and_then(|m| m.local_addr().ok()).map(|a| a.to_string()),
+               "signing_key_id": agent.keys.current().kid,
                "edge": cfg.edge_url.as_str(), "max_connections": cfg.max_connections, "open_files": open_files,
                "local_api_token": token_path(&cfg.state_dir).display().to_string(),
                "control_socket": control::socket_path(&cfg.state_dir).display().to_string()}),
@@ -87,6 +93,16 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
         stop_rx.clone(),
         "local",
     ));
+    let metrics_srv = metrics.map(|listener| {
+        tokio::spawn(serve::serve(
+            listener,
+            crate::metrics::router(agent.clone()),
+            METRICS_MAX_CONNECTIONS,
+            read_timeout,
+            stop_rx.clone(),
+            "metrics",
+        ))
+    });
     let control_srv = tokio::spawn(control::serve(
         control_socket,
         agent.clone(),
@@ -118,6 +134,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = origin_srv.await;
         let _ = local_srv.await;
+        if let Some(m) = metrics_srv {
+            let _ = m.await;
+        }
     })
     .await;
     control_srv.abort();
@@ -139,6 +158,7 @@ async fn heartbeat_loop(agent: Arc<Agent>, stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
         tick.tick().await;
         let rec = beat_once(&agent.config, &agent.http, &agent.keys, &agent.edge).await;
+        crate::metrics::global().beat(&rec);
         let verdict = (rec.outcome.clone(), rec.eligible, rec.reasons.clone());
         if rec.outcome == "accepted" && previous.as_ref() != Some(&verdict) {
             crate::log::info(

@@ -37,9 +37,14 @@ use crate::AgentError;
 /// The local API's bound on open connections (the voice app and probes).
 pub const LOCAL_MAX_CONNECTIONS: usize = 64;
 
+/// The metrics listener's bound on open connections (a Prometheus or two;
+/// `listen.metrics_listen`).
+pub const METRICS_MAX_CONNECTIONS: usize = 4;
+
 /// Descriptors kept out of the origin's reach: the local API's
 /// connections, the control socket, the ledger, the edge and Telnyx
-/// clients, the listeners and the runtime's own.
+/// clients, the listeners, the metrics listener's
+/// [`METRICS_MAX_CONNECTIONS`] and the runtime's own.
 pub const RESERVED_DESCRIPTORS: u64 = LOCAL_MAX_CONNECTIONS as u64 + 128;
 
 /// Serves `router` on `listener` until `stop` turns true, with at most

@@ -254,9 +254,10 @@ async function stop(proc, signal = "SIGKILL") {
  * that staleness shows quickly; a suite that never tests staleness takes a
  * longer one, so a beat delayed by a loaded machine cannot make a node stale
  * between two of its steps), `appArgs` (extra arguments of every demo app,
- * such as `--max-calls`).
+ * such as `--max-calls`), `metrics` (true: each agent also serves its
+ * metrics on a `listen.metrics_listen` of its own, at `node.metricsUrl`).
  */
-export async function startCluster({ nodes, policy, deploy = [], edge: edgeOptions = {}, originFront, edgeFront, validForS = 3, appArgs = [] }) {
+export async function startCluster({ nodes, policy, deploy = [], edge: edgeOptions = {}, originFront, edgeFront, validForS = 3, appArgs = [], metrics = false }) {
   const binDir = agentBins();
   // Not under /tmp: the agent refuses a temporary state directory.
   const work = mkdtempSync(join(durableScratchRoot(), "e2e-agents-"));
@@ -371,6 +372,7 @@ export async function startCluster({ nodes, policy, deploy = [], edge: edgeOptio
     writeSecret(keyPath, `${key.seed}\n`);
     const telnyxKey = callers[id];
     const [origin, local, app] = [await freePort(), await freePort(), await freePort()];
+    const metricsPort = metrics ? await freePort() : null;
     const deployable = deploy.includes(id);
     const node = {
       id,
@@ -388,6 +390,7 @@ export async function startCluster({ nodes, policy, deploy = [], edge: edgeOptio
       originUrl: `http://127.0.0.1:${origin}/callfence/telnyx`,
       listenOrigin: `http://127.0.0.1:${origin}/callfence/telnyx`,
       localUrl: `http://127.0.0.1:${local}`,
+      metricsUrl: metricsPort ? `http://127.0.0.1:${metricsPort}/metrics` : null,
       appUrl: `http://127.0.0.1:${app}`,
       agent: null,
       app: null,
@@ -425,6 +428,7 @@ connection_id = "conn-e2e"
 [listen]
 origin = "127.0.0.1:${origin}"
 local = "127.0.0.1:${local}"
+${metricsPort ? `metrics_listen = "127.0.0.1:${metricsPort}"` : ""}
 
 [app]
 webhook_url = "${node.appUrl}/telnyx/webhook"

@@ -10,6 +10,9 @@
 //   state directory there): it must keep its state outside the copy, say
 //   where in its banner, and `make demo-call` from the copy must succeed.
 //
+// The first also runs `make observe` (scripts/observe.mjs) against it: a
+// real Prometheus must scrape the edge and the three agents.
+//
 // Then Ctrl-C or SIGTERM: every process the stack started must be gone.
 
 import assert from "node:assert/strict";
@@ -18,7 +21,7 @@ import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, realpat
 import { createHash } from "node:crypto";
 import { basename, dirname, join } from "node:path";
 import { test } from "node:test";
-import { agentBins } from "./agents-cluster.mjs";
+import { agentBins, freePort } from "./agents-cluster.mjs";
 import { durableScratchRoot, ROOT } from "./harness.mjs";
 
 const FREE_PORTS = { CALLFENCE_DEV_PORT: "0", CALLFENCE_DEV_TELNYX_PORT: "0", CALLFENCE_DEV_NODE_PORTS: "0" };
@@ -125,6 +128,33 @@ test("make dev runs the demo nodes, a demo call is answered, a deploy goes live,
     const scraped = await fetch(info.metrics, { headers: { authorization: `Bearer ${metricsToken}` } });
     assert.equal(scraped.status, 200);
     assert.match(await scraped.text(), /^callfence_webhooks_total\{outcome="delivered"\} [1-9]\d*$/m);
+
+    // The metrics: the banner names each agent's metrics URL, and `make
+    // observe` (scripts/observe.mjs) has a real Prometheus scrape them all
+    // and the edge with the dev metrics token.
+    for (const [node, n] of Object.entries(info.nodes)) {
+      assert.ok(out.includes(`${node} ${n.metrics}`), out);
+      assert.match(await (await fetch(n.metrics)).text(), /^callfence_agent_info\{/m, node);
+    }
+    const observePort = String(await freePort());
+    const observe = spawn("node", [join(ROOT, "scripts/observe.mjs")], { cwd: ROOT, env: { ...env, CALLFENCE_OBSERVE_PORT: observePort }, stdio: ["ignore", "pipe", "pipe"] });
+    let observed = "";
+    observe.stdout.on("data", (c) => (observed += c));
+    observe.stderr.on("data", (c) => (observed += c));
+    try {
+      const until = Date.now() + 60_000;
+      for (;;) {
+        assert.ok(Date.now() < until, `make observe: no scrape of the edge and the three agents:\n${observed}`);
+        if (observed.includes(`http://127.0.0.1:${observePort}`)) {
+          const up = await (await fetch(`http://127.0.0.1:${observePort}/api/v1/query?query=up`)).json();
+          if (up.data.result.length === 4 && up.data.result.every((r) => r.value[1] === "1")) break;
+        }
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    } finally {
+      observe.kill("SIGTERM");
+      await new Promise((r) => (observe.exitCode === null ? observe.once("exit", r) : r()));
+    }
 
     // The README's deploy: M3 runs from releases/current; deploy the demo app repo's HEAD.
     const head = (await run("git", ["-C", join(dir, "demo-app"), "rev-parse", "HEAD"])).stdout.trim();

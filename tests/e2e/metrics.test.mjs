@@ -28,6 +28,7 @@ const FAMILIES = [
   "callfence_node_open_calls",
   "callfence_node_max_calls",
   "callfence_line_fallback_in_use",
+  "callfence_line_route",
   "callfence_pending_events",
   "callfence_open_calls",
   "callfence_policy_revision",
@@ -198,6 +199,7 @@ describe("GET /v1/metrics: access and format", () => {
       assert.ok(m.value("callfence_node_heartbeat_age_seconds", { node }) >= 0, node);
     }
     assert.equal(m.value("callfence_line_fallback_in_use", { line: "sales" }), 0);
+    assert.equal(m.value("callfence_line_route", { line: "sales", preferred: "M1", target: "M1" }), 1);
   });
 });
 
@@ -383,6 +385,7 @@ describe("GET /v1/metrics: forward failures and pending events", () => {
     assert.deepEqual(Object.values(delta(a, b, series)), [1, 1]);
     assert.equal(b.value("callfence_node_ineligible_reason", { node: "M1", reason: "recent_forward_failure" }), 1);
     assert.equal(b.value("callfence_line_fallback_in_use", { line: "sales" }), 1);
+    assert.equal(b.value("callfence_line_route", { line: "sales", preferred: "M1", target: "M2" }), 1);
   });
 
   test("the alarm's re-drive that delivers the event counts one delivered", async () => {

@@ -66,6 +66,7 @@ impl Slot {
 
     /// Adds a finished step to the running job (its wait, if any, is over).
     pub fn push(&self, step: StepRecord) {
+        crate::metrics::global().deploy_step(&step.step, step.ok, step.ms);
         if let Some(j) = self.lock().as_mut() {
             j.waiting = None;
             j.steps.push(step);
@@ -84,6 +85,7 @@ impl Slot {
 
     /// Records the job's result: it is finished.
     pub fn finish(&self, outcome: Outcome) {
+        crate::metrics::global().deploy_finished(&outcome.kind, outcome.ok, outcome.restored);
         if let Some(j) = self.lock().as_mut() {
             j.waiting = None;
             j.result = Some(outcome);

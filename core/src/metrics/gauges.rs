@@ -3,7 +3,7 @@
 //! shows and writes nothing.
 
 use super::{
-    Sample, LINE_FALLBACK, NODES_REVISION, NODE_ELIGIBLE, NODE_HEARTBEAT_AGE,
+    Sample, LINE_FALLBACK, LINE_ROUTE, NODES_REVISION, NODE_ELIGIBLE, NODE_HEARTBEAT_AGE,
     NODE_INELIGIBLE_REASON, NODE_MAX_CALLS, NODE_OPEN_CALLS, OPEN_CALLS, PENDING_EVENTS,
     POLICY_REVISION, SEQ_REGRESSIONS, SHARD_MAP_REVISION,
 };
@@ -70,6 +70,10 @@ pub fn from_status(status: &Value, shard: u32) -> Result<Vec<Sample>, String> {
             &[("line", id)],
             u64::from(fallback == Some(true)),
         ));
+        let preferred = text(line, "prefers").ok_or("a line without its preferred node")?;
+        let target = text(line, "next_call_target").unwrap_or("none");
+        let route = [("line", id), ("preferred", preferred), ("target", target)];
+        samples.push(Sample::new(LINE_ROUTE, &route, 1));
     }
     for node in list(status, "nodes") {
         let id = text(node, "node").ok_or("a node without its id")?;
@@ -108,7 +112,10 @@ mod tests {
     fn the_status_view_becomes_gauges() {
         let status = json!({
             "policy_revision": 3, "nodes_revision": null,
-            "lines": [{"line_id": "sales", "called_number": "+15551230000", "fallback_in_use": true}],
+            "lines": [{"line_id": "sales", "called_number": "+15551230000", "prefers": "M2",
+                       "next_call_target": "M1", "fallback_in_use": true},
+                      {"line_id": "support", "called_number": "+15551230001", "prefers": "M2",
+                       "next_call_target": null, "fallback_in_use": true}],
             "nodes": [
                 {"node": "M1", "eligible": true, "reasons": [], "heartbeat_age_s": 4,
                  "capacity": {"max_calls": 10, "active_calls": 1, "open_calls": 2}, "seq_regressions": 1},
@@ -125,6 +132,8 @@ mod tests {
             "callfence_pending_events{shard=\"0\"} 5\n",
             "callfence_open_calls{shard=\"0\"} 2\n",
             "callfence_line_fallback_in_use{line=\"sales\"} 1\n",
+            "callfence_line_route{line=\"sales\",preferred=\"M2\",target=\"M1\"} 1\n",
+            "callfence_line_route{line=\"support\",preferred=\"M2\",target=\"none\"} 1\n",
             "callfence_node_eligible{node=\"M1\"} 1\n",
             "callfence_node_eligible{node=\"M2\"} 0\n",
             "callfence_node_ineligible_reason{node=\"M2\",reason=\"app_down\"} 1\n",

@@ -96,6 +96,8 @@ pub const NODE_OPEN_CALLS: &str = "callfence_node_open_calls";
 pub const NODE_MAX_CALLS: &str = "callfence_node_max_calls";
 /// `callfence_line_fallback_in_use{line}`.
 pub const LINE_FALLBACK: &str = "callfence_line_fallback_in_use";
+/// `callfence_line_route{line,preferred,target}`.
+pub const LINE_ROUTE: &str = "callfence_line_route";
 /// `callfence_pending_events{shard}`.
 pub const PENDING_EVENTS: &str = "callfence_pending_events";
 /// `callfence_open_calls{shard}`.
@@ -192,6 +194,12 @@ pub const FAMILIES: &[Family] = &[
         kind: Kind::Gauge,
         help: "1 when the line's next call would not go to its preferred node.",
         labels: &["line"],
+    },
+    Family {
+        name: LINE_ROUTE,
+        kind: Kind::Gauge,
+        help: "Always 1: the line's preferred node and the node its next call would go to (none: no eligible node).",
+        labels: &["line", "preferred", "target"],
     },
     Family {
         name: PENDING_EVENTS,
