@@ -47,8 +47,8 @@
 //! - [`local_api`]: the loopback API for the voice app (`/local/*`, probes,
 //!   `/metrics`), translating HTTP, the edge and Telnyx to and from [`fence`].
 //! - [`metrics`]: the agent's Prometheus metrics, counted with one call
-//!   where each event is seen, and the `metrics_listen` listener that
-//!   serves only them.
+//!   where each event is seen; [`scrape`] serves them at `GET /metrics` and
+//!   on the `metrics_listen` listener, where they are the only route.
 //! - [`telnyx_options`]: the Telnyx answer and dial options a caller may pass.
 //! - [`control`]: the Unix control socket the `deploy`, `rollback` and `job`
 //!   commands use (the agent's own user or root only).
@@ -100,6 +100,7 @@ pub mod notify;
 pub mod probe;
 pub mod proxy;
 pub mod run;
+pub mod scrape;
 pub mod seq;
 pub mod serve;
 pub mod status;

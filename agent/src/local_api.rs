@@ -68,7 +68,7 @@ pub fn router(agent: Arc<Agent>, gate: Gate) -> Router {
         .route("/local/dial", post(dial))
         .route("/local/media/verify", post(media_verify))
         .route("/local/status", get(status))
-        .route("/metrics", get(|State(a)| crate::metrics::exposition(a)))
+        .route("/metrics", get(|State(a)| crate::scrape::exposition(a)))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -16,7 +16,7 @@
 //! read at that moment (the mode, the ledger's depth, the last accepted
 //! beat's age). Served at `GET /metrics` on the local API (with its token)
 //! and, when `listen.metrics_listen` is set, on a listener of its own
-//! ([`router`]) where `/metrics` is the only route.
+//! ([`crate::scrape::router`]) where `/metrics` is the only route.
 //!
 //! Families (all `callfence_agent_`):
 //!
@@ -49,12 +49,8 @@
 //!   restart is an increase Prometheus can see.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
 use prometheus_client::encoding::{prometheus_text, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -468,29 +464,6 @@ impl Metrics {
         let _ = prometheus_text::encode(&mut text, &self.registry);
         text
     }
-}
-
-/// What a scrape of the running agent reads now.
-pub async fn read(agent: &crate::context::Agent) -> Reading {
-    let ledger = agent.ledger.clone();
-    let depth = tokio::task::spawn_blocking(move || ledger.depth()).await;
-    Reading {
-        mode: crate::mode::read(&agent.config.state_dir).mode,
-        ledger: depth.ok().and_then(Result::ok),
-        now_ms: crate::clock::now_ms(),
-    }
-}
-
-/// `GET /metrics`: the exposition of the running agent.
-pub async fn exposition(agent: Arc<crate::context::Agent>) -> Response {
-    let text = global().render(&read(&agent).await);
-    (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
-}
-
-/// The metrics listener's routes: `GET /metrics` and nothing else (404),
-/// with no token, as node exporters serve theirs.
-pub fn router(agent: Arc<crate::context::Agent>) -> Router {
-    Router::new().route("/metrics", get(move || exposition(agent.clone())))
 }
 
 #[cfg(test)]

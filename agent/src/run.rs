@@ -96,7 +96,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let metrics_srv = metrics.map(|listener| {
         tokio::spawn(serve::serve(
             listener,
-            crate::metrics::router(agent.clone()),
+            crate::scrape::router(agent.clone()),
             METRICS_MAX_CONNECTIONS,
             read_timeout,
             stop_rx.clone(),
