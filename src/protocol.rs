@@ -62,6 +62,10 @@
 //! | `Profile` | none | the Dispatcher's time per operation (`dispatcher::profile`; `make bench` only) |
 //! | `WritesOnly` (`id`, `node`, `origin_url`) | an event body | `{"written":true}`; `make bench` only, under `CALLFENCE_TEST_WRITES_ONLY` |
 //!
+//! `Profile` and `WritesOnly` exist only in a `testing` build (the cargo
+//! feature that test and bench builds turn on): the deployed Worker does not
+//! know them, and its Dispatcher answers them `unknown_op`.
+//!
 //! Refusals carry the HTTP status and the contract's error code; the
 //! mapping from engine outcomes to them is one exhaustive `match`,
 //! `dispatcher::ops::Refusal`.
@@ -209,7 +213,8 @@ pub enum Request {
         id: String,
     },
     /// Where the Dispatcher's time went, per operation (for `make bench`;
-    /// no public route serves it).
+    /// no public route serves it). Only in a `testing` build.
+    #[cfg(feature = "testing")]
     Profile,
     /// Admit a node's L5 probe under its rate limit and name its registered
     /// origin (SPEC §14).
@@ -223,7 +228,9 @@ pub enum Request {
     /// and nothing else (`Engine::writes_only_assign`, then
     /// `Engine::writes_only_deliver` in a second commit); the payload is the event's
     /// body. Served only under the test-only switch
-    /// `CALLFENCE_TEST_WRITES_ONLY`, otherwise `unknown_op`.
+    /// `CALLFENCE_TEST_WRITES_ONLY`, otherwise `unknown_op`; only in a
+    /// `testing` build.
+    #[cfg(feature = "testing")]
     WritesOnly {
         /// The new call's session, leg and event id.
         id: String,
@@ -254,8 +261,10 @@ impl Request {
             Request::Call { .. } => "call",
             Request::Calls { .. } => "calls",
             Request::Events { .. } => "events",
+            #[cfg(feature = "testing")]
             Request::Profile => "profile",
             Request::Probe { .. } => "probe",
+            #[cfg(feature = "testing")]
             Request::WritesOnly { .. } => "writes_only",
         }
     }
@@ -279,9 +288,9 @@ impl Request {
             | Request::Decisions { .. }
             | Request::Call { .. }
             | Request::Calls { .. }
-            | Request::Events { .. }
-            | Request::Profile
-            | Request::WritesOnly { .. } => None,
+            | Request::Events { .. } => None,
+            #[cfg(feature = "testing")]
+            Request::Profile | Request::WritesOnly { .. } => None,
         }
     }
 
@@ -307,9 +316,9 @@ impl Request {
             | Request::Decisions { .. }
             | Request::Call { .. }
             | Request::Calls { .. }
-            | Request::Events { .. }
-            | Request::Profile
-            | Request::WritesOnly { .. } => false,
+            | Request::Events { .. } => false,
+            #[cfg(feature = "testing")]
+            Request::Profile | Request::WritesOnly { .. } => false,
         }
     }
 }

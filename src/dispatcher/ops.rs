@@ -3,6 +3,7 @@
 //! become [`Refusal`]s here, and [`Refusal::status`] turns them into HTTP
 //! statuses.
 
+#[cfg(feature = "testing")]
 use super::profile::Profile;
 use crate::protocol::{
     self, DocumentRead, Documents, Message, Next, NodeKeys, Present, ProbeTarget, Request, Written,
@@ -40,6 +41,7 @@ pub enum Served {
     },
     /// A bench-only `writes_only` whose first unit is written: the Durable
     /// Object yields (so that it commits on its own) and writes the second.
+    #[cfg(feature = "testing")]
     WritesOnlyDeliver {
         /// The call.
         id: String,
@@ -78,7 +80,7 @@ fn done(result: &impl Serialize) -> Outcome {
 pub fn serve<S: Store>(
     engine: &Engine<S>,
     media: Option<&MediaKeys>,
-    profile: &Profile,
+    #[cfg(feature = "testing")] profile: &Profile,
     message: &Message,
     now_ms: i64,
 ) -> Result<Served, EngineError> {
@@ -215,6 +217,7 @@ pub fn serve<S: Store>(
             Some(call) => done(&call),
             None => Err(Refusal::UnknownCall),
         },
+        #[cfg(feature = "testing")]
         Request::Profile => done(profile),
         Request::Probe { node, .. } => match engine.handle_probe(node, now_ms)? {
             ProbeAdmission::Send { origin_url } => done(&ProbeTarget { origin_url }),
@@ -223,6 +226,7 @@ pub fn serve<S: Store>(
             }
             ProbeAdmission::UnknownNode => Err(Refusal::UnknownNodeKey),
         },
+        #[cfg(feature = "testing")]
         Request::WritesOnly {
             id,
             node,

@@ -42,7 +42,7 @@
 //! - `refusals`: what was refused under a limit (claims over capacity or
 //!   rate, new sessions at `SESSION_CAP`), counted in memory for status;
 //! - `writes_only`: `make bench`'s baseline, an assignment's writes alone
-//!   (served only under a test-only switch).
+//!   (only with the `testing` feature: test and bench builds).
 
 mod alarm;
 mod documents;
@@ -58,6 +58,7 @@ mod requests;
 mod routing;
 pub(crate) mod rows;
 mod views;
+#[cfg(feature = "testing")]
 mod writes_only;
 
 pub use alarm::{AlarmWork, ROWS_PER_SESSION};
@@ -225,6 +226,7 @@ struct Cache {
 }
 
 /// A copy of an engine's in-memory caches ([`Engine::caches`]).
+#[cfg(feature = "testing")]
 #[doc(hidden)]
 #[derive(Default, Clone)]
 pub struct Caches(Cache);
@@ -271,12 +273,15 @@ impl<S: Store> Engine<S> {
     /// one engine and database, and gives each history its own caches back
     /// with [`Engine::set_caches`] when it returns to it, so that a cache
     /// that disagrees with the database (a planted bug) is explored exactly.
+    /// Only with the `testing` feature.
+    #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn caches(&self) -> Caches {
         Caches(self.cache.borrow().clone())
     }
 
     /// Replaces the in-memory caches (see [`Engine::caches`]).
+    #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn set_caches(&self, caches: Caches) {
         *self.cache.borrow_mut() = caches.0;
