@@ -248,7 +248,7 @@ impl Config {
             cell.get_or_init(|| {
                 let config = Rc::new(Config::parse(|name| read_var(env, name)));
                 for problem in config.problems() {
-                    crate::log::misconfigured(problem);
+                    crate::log::misconfigured(problem.capability.as_str(), &problem.variables);
                 }
                 if config
                     .node_routes

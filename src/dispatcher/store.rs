@@ -40,7 +40,7 @@
 //! unit which fails half-way leaves nothing behind. Never set it in a
 //! deployment (docs/operations.md, "Test-only timing variables"). The same
 //! build counts the statements run and the time spent in them, for the
-//! Dispatcher's [`profile`](super::profile).
+//! Dispatcher's profile (`dispatcher::profile`).
 
 use callfence_core::store::{Row, Store, StoreError, Value};
 use callfence_core::MAX_SAFE_INTEGER;

@@ -31,18 +31,23 @@
 //! # Layout
 //!
 //! - `ownership`: a session's ownership states as types and their
-//!   guarded transitions (assign, reassign, release, fence, end), and
-//!   `Engine::place`, the one assignment path;
+//!   guarded transitions (assign, reassign, release, fence, end),
+//!   `Engine::place`, the one assignment path, and why a placement parks
+//!   ([`PendingReason`]);
 //! - `queries`: every SQL statement, one named function each;
 //! - `rows`: sessions, legs and events as read back;
 //! - `ingress`, `reports`, `fencing`, `alarm`, `nodes`, `documents`: the
 //!   `handle_*` methods, `poll_alarm`, heartbeats and documents;
-//! - `routing`: resolution, selection and the decision record;
+//! - `routing`: resolution, selection, the decision record and the
+//!   target (node and origin) a placement assigns;
 //! - `requests`, `views`: request bodies and the read-only views;
 //! - `refusals`: what was refused under a limit (claims over capacity or
 //!   rate, new sessions at `SESSION_CAP`), counted in memory for status;
 //! - `writes_only`: `make bench`'s baseline, an assignment's writes alone
 //!   (only with the `testing` feature: test and bench builds).
+//!
+//! Imports between these modules go one way (the handlers use `ownership`,
+//! which uses `routing` and `queries`); no two of them import each other.
 
 mod alarm;
 mod documents;
@@ -64,8 +69,9 @@ mod writes_only;
 pub use alarm::{AlarmWork, ROWS_PER_SESSION};
 pub use documents::DocError;
 pub use fencing::{ClaimReply, FenceGrant, FenceRefusal, FenceReply, MediaRefusal, MediaReply};
-pub use ingress::{Delivered, Ingress, PendingReason};
+pub use ingress::{Delivered, Ingress};
 pub use nodes::{Caller, HeartbeatRefusal, NodeKey};
+pub use ownership::PendingReason;
 pub use probes::ProbeAdmission;
 pub use refusals::Refused;
 pub use reports::{

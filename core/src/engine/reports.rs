@@ -1,7 +1,8 @@
 //! Delivery reports: the origin's answer to one forward attempt, bound to
 //! the epoch and attempt it was sent under (SPEC §7.6–7.7).
 
-use super::ingress::{delivered, Delivered, PendingReason};
+use super::ingress::{delivered, Delivered};
+use super::ownership::PendingReason;
 use super::ownership::{Owned, Ownership, Placeable, Placed};
 use super::rows::{event_state as st, EventRow};
 use super::{Engine, EngineError, Forward};
