@@ -13,6 +13,7 @@ use super::store::DoStore;
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::protocol;
+use callfence_core::delivery::Delivery;
 use callfence_core::engine::{Engine, EngineError};
 use callfence_core::store::migrate;
 use std::cell::Cell;
@@ -171,11 +172,10 @@ impl DurableObject for Dispatcher {
         if let Ok(ingress) = &config.ingress {
             let budget = i64::from(ingress.forward_timeout_ms);
             for f in work.forwards {
-                let (_, waited) =
-                    deliver::send_and_report(&self.engine, &ingress.edge, &f, (1, budget), false)
-                        .await
-                        .map_err(rust_error)?;
-                origin_ms += waited;
+                let mut redrive = Delivery::redrive(f, budget);
+                origin_ms += deliver::drive(&self.engine, &ingress.edge, &mut redrive)
+                    .await
+                    .map_err(rust_error)?;
             }
         }
         #[cfg(not(feature = "testing"))]

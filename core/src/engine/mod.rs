@@ -20,8 +20,10 @@
 //! that is no longer in the current registry (`unknown_node_key`).
 //!
 //! Forwards are not performed here: a method that wants an event delivered
-//! returns a [`Forward`]; the caller sends it and reports the origin's answer
-//! with [`Engine::handle_report`], bound to the epoch, attempt and hop it
+//! returns a [`Forward`]; the caller drives it with core's delivery driver
+//! ([`crate::delivery::Delivery`]), which says what to send with which
+//! budget and makes the report of the origin's answer, and applies that with
+//! [`Engine::handle_report`], bound to the epoch, attempt and hop it
 //! carried. Whether a reassigned event is forwarded again at once is
 //! [`may_reforward`]. After every state change the caller asks
 //! [`Engine::next_alarm_at`] when its alarm is next due (sans-IO, as str0m's
