@@ -1,11 +1,18 @@
 # callfence: every command sets itself up first (scripts/setup.sh is
 # idempotent), so a fresh machine needs only Rust, Node 20 and npm.
-.PHONY: build test dev observe demo-call bench model-check drill
+.PHONY: build build-testing test dev observe demo-call bench model-check drill
 
 ## build: the Worker into build/ (index.js, index_bg.wasm), offline
 build:
 	bash scripts/setup.sh
 	bash scripts/build.sh
+
+## build-testing: the Worker with its test and bench scaffolding (the cargo
+## feature `testing`) into build-testing/: what the end-to-end tests, drills,
+## browser tests and `make bench` run (docs/testing.md)
+build-testing:
+	bash scripts/setup.sh
+	bash scripts/build.sh --testing
 
 ## test: formatting, lints, unit, simulation, wasm checks, end-to-end
 test:
@@ -40,5 +47,5 @@ model-check:
 ## real agents and a fake Telnyx; NAME=<name> runs one, SHORT=1 the short
 ## forms, ARGS="--calls=N --rate=R --faults=F --seed=S --scale=X --swaps=N --previous=REV" the
 ## parameters; each prints a summary and writes .drills/<name>.json
-drill: build
+drill: build-testing
 	CLOUDFLARE_CF_FETCH_ENABLED=false node scripts/drill.mjs $(NAME) $(if $(SHORT),--short) $(ARGS)

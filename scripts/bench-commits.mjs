@@ -5,7 +5,7 @@
 // with the Durable Object's SQLite on disk and once on tmpfs (/dev/shm),
 // under `strace -f -c -w` of the workerd process (fsync and pwrite64 calls
 // and their wall time). strace slows every syscall, so read the counts and
-// the disk/tmpfs ratio, not the rates. Needs strace and build/.
+// the disk/tmpfs ratio, not the rates. Needs strace and build-testing/ (`make build-testing`).
 // Usage: node scripts/bench-commits.mjs
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";

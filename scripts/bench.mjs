@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // `make bench`, the Worker half: end-to-end figures on local workerd
-// (Miniflare's Node API on the prebuilt build/, as tests/e2e/harness.mjs runs
+// (Miniflare's Node API on the prebuilt build-testing/, as tests/e2e/harness.mjs runs
 // it), printed with the conditions they were taken under.
 //
 // One run measures:
@@ -815,14 +815,14 @@ function __countImports(object) {
 }
 `;
 
-/** A copy of build/ whose wasm imports count their calls; its directory. */
+/** A copy of build-testing/ (what the bench runs) whose wasm imports count their calls; its directory. */
 function countingBuild() {
   const dir = join(ROOT, "target/bench-crossings");
   mkdirSync(dir, { recursive: true });
-  copyFileSync(join(ROOT, "build/index_bg.wasm"), join(dir, "index_bg.wasm"));
-  let js = readFileSync(join(ROOT, "build/index.js"), "utf8");
+  copyFileSync(join(ROOT, "build-testing/index_bg.wasm"), join(dir, "index_bg.wasm"));
+  let js = readFileSync(join(ROOT, "build-testing/index.js"), "utf8");
   for (const needle of [IMPORTS, ENTRY]) {
-    if (!js.includes(needle)) throw new Error(`BENCH_CROSSINGS: build/index.js has no \`${needle}\` (worker-build's output changed)`);
+    if (!js.includes(needle)) throw new Error(`BENCH_CROSSINGS: build-testing/index.js has no \`${needle}\` (worker-build's output changed)`);
   }
   js = js.replaceAll(IMPORTS, "new WebAssembly.Instance(ee,__countImports(re()))");
   js = js.replace(

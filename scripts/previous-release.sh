@@ -10,7 +10,10 @@
 # with `git archive` (nothing is registered in the repository) into
 # target/previous-release/<sha>/src and built there with that commit's OWN
 # scripts/build.sh, offline (CARGO_NET_OFFLINE), with this repository's
-# node_modules linked in. A finished build is marked with a stamp file and
+# node_modules linked in. The drill runs it with the CALLFENCE_TEST_* timings,
+# so it is built with `--testing`: a release whose build.sh knows the flag
+# puts that build in build-testing/, an older one (whose every build had the
+# switches) ignores it and builds build/. A finished build is marked with a stamp file and
 # never rebuilt; a failed one leaves no stamp.
 #
 # It builds in a target directory of its own, seeded with a copy of this
@@ -33,8 +36,20 @@ sha="$(git rev-parse --verify --quiet "${rev}^{commit}")" \
 
 cache="$root/target/previous-release/$sha"
 stamp="$cache/built"
+# The directory a finished build of this release is in.
+built() {
+  local dir
+  for dir in "$cache/src/build-testing" "$cache/src/build"; do
+    if [[ -f "$dir/index.js" && -f "$dir/index_bg.wasm" ]]; then
+      printf '%s\n' "$dir"
+      return 0
+    fi
+  done
+  return 1
+}
+
 if [[ -f "$stamp" ]]; then
-  printf '%s\n' "$cache/src/build"
+  built
   exit 0
 fi
 
@@ -59,12 +74,10 @@ if [[ -d "$target" ]]; then
 fi
 (
   cd "$cache/src"
-  CARGO_TARGET_DIR="$target" CARGO_NET_OFFLINE=true bash scripts/build.sh
+  CARGO_TARGET_DIR="$target" CARGO_NET_OFFLINE=true bash scripts/build.sh --testing
 ) >&2 || fail "the build of $sha failed (see above)"
 rm -rf "$target"
-for f in index.js index_bg.wasm; do
-  [[ -f "$cache/src/build/$f" ]] || fail "the build of $sha made no build/$f"
-done
+dir="$(built)" || fail "the build of $sha made no index.js and index_bg.wasm"
 printf '%s %s\n' "$sha" "$((SECONDS - started))" > "$stamp"
 say "built $sha in $((SECONDS - started)) s"
-printf '%s\n' "$cache/src/build"
+printf '%s\n' "$dir"

@@ -59,8 +59,9 @@ step "model check (release, short bounds) and its planted bugs (ignored in debug
 CALLFENCE_MODEL="${CALLFENCE_MODEL:-short}" \
   cargo test --release -p callfence-core --test model -- --nocapture
 
-step "make build"
+step "make build (the deployed Worker) and make build-testing (with its test scaffolding, for the suites below)"
 make build
+make build-testing
 
 step "wrangler deploy --dry-run"
 node_modules/.bin/wrangler deploy --dry-run --outdir dist

@@ -186,12 +186,15 @@ pub struct Config {
     /// The keys `GET /v1/keys` publishes, active first.
     pub published_keys: Result<Vec<PublishedKey>, Misconfigured>,
     /// The test-only switches (never set in a deployment).
+    #[cfg(feature = "testing")]
     pub test: TestSwitches,
 }
 
 /// The `CALLFENCE_TEST_*` variables: shorter background timing and a fault
 /// switch, for tests only (docs/operations.md, "Test-only timing variables"). Each is a
-/// positive decimal; anything else is ignored.
+/// positive decimal; anything else is ignored. Only a `testing` build (the
+/// cargo feature) reads them: the deployed Worker has none.
+#[cfg(feature = "testing")]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TestSwitches {
     /// `CALLFENCE_TEST_NODE_LOST_MS`.
@@ -212,6 +215,27 @@ pub struct TestSwitches {
     pub slow_answer_ms: Option<i64>,
 }
 
+#[cfg(feature = "testing")]
+impl TestSwitches {
+    /// The switches, from `var` (a lookup that already treats blank as unset).
+    fn parse(var: impl Fn(&str) -> Option<String>) -> TestSwitches {
+        let positive = |name: &str| {
+            var(name)
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .filter(|v| *v > 0)
+        };
+        TestSwitches {
+            node_lost_ms: positive("CALLFENCE_TEST_NODE_LOST_MS"),
+            max_duration_ms: positive("CALLFENCE_TEST_MAX_DURATION_MS"),
+            sweep_ms: positive("CALLFENCE_TEST_SWEEP_MS"),
+            fail_unit_after_writes: var("CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES")
+                .and_then(|v| v.trim().parse::<u32>().ok()),
+            writes_only: var("CALLFENCE_TEST_WRITES_ONLY").is_some_and(|v| v.trim() == "1"),
+            slow_answer_ms: positive("CALLFENCE_TEST_SLOW_ANSWER_MS"),
+        }
+    }
+}
+
 thread_local! {
     static CONFIG: OnceCell<Rc<Config>> = const { OnceCell::new() };
 }
@@ -224,7 +248,7 @@ impl Config {
             cell.get_or_init(|| {
                 let config = Rc::new(Config::parse(|name| read_var(env, name)));
                 for problem in config.problems() {
-                    crate::log::misconfigured(problem);
+                    crate::log::misconfigured(problem.capability.as_str(), &problem.variables);
                 }
                 if config
                     .node_routes
@@ -347,27 +371,13 @@ impl Config {
             }),
         };
 
-        let positive = |name: &str| {
-            var(name)
-                .and_then(|v| v.trim().parse::<i64>().ok())
-                .filter(|v| *v > 0)
-        };
-        let test = TestSwitches {
-            node_lost_ms: positive("CALLFENCE_TEST_NODE_LOST_MS"),
-            max_duration_ms: positive("CALLFENCE_TEST_MAX_DURATION_MS"),
-            sweep_ms: positive("CALLFENCE_TEST_SWEEP_MS"),
-            fail_unit_after_writes: var("CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES")
-                .and_then(|v| v.trim().parse::<u32>().ok()),
-            writes_only: var("CALLFENCE_TEST_WRITES_ONLY").is_some_and(|v| v.trim() == "1"),
-            slow_answer_ms: positive("CALLFENCE_TEST_SLOW_ANSWER_MS"),
-        };
-
         Config {
             ingress,
             node_routes,
             admin,
             published_keys,
-            test,
+            #[cfg(feature = "testing")]
+            test: TestSwitches::parse(var),
         }
     }
 
@@ -377,8 +387,6 @@ impl Config {
     /// `SESSION_CAP`).
     pub fn engine(&self) -> EngineConfig {
         let ingress = self.ingress.as_ref().ok();
-        let defaults = Timing::default();
-        let test = &self.test;
         EngineConfig {
             forward_timeout_ms: i64::from(
                 ingress.map_or(DEFAULT_FORWARD_TIMEOUT_MS, |i| i.forward_timeout_ms),
@@ -388,13 +396,25 @@ impl Config {
                 .map(|ids| ids.iter().cloned().collect()),
             allow_plaintext: self.admin.as_ref().is_ok_and(|a| a.allow_plaintext),
             session_cap: ingress.map_or(DEFAULT_SESSION_CAP, |i| i.session_cap),
-            timing: Timing {
+            timing: self.timing(),
+        }
+    }
+
+    /// The background timing: the defaults, with a `testing` build's
+    /// `CALLFENCE_TEST_*` timings over them.
+    fn timing(&self) -> Timing {
+        let defaults = Timing::default();
+        #[cfg(feature = "testing")]
+        let defaults = {
+            let test = &self.test;
+            Timing {
                 node_lost_after_ms: test.node_lost_ms.unwrap_or(defaults.node_lost_after_ms),
                 max_duration_ms: test.max_duration_ms.unwrap_or(defaults.max_duration_ms),
                 sweep_interval_ms: test.sweep_ms.unwrap_or(defaults.sweep_interval_ms),
                 ..defaults
-            },
-        }
+            }
+        };
+        defaults
     }
 
     /// The problem of `capability`, if it is misconfigured.

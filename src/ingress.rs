@@ -19,8 +19,9 @@
 //! taken yet is shed by its admission or taken then, once (SPEC §7.3).
 //!
 //! A Dispatcher one protocol version behind answers with a forward for the
-//! Worker to make, as before: the Worker then forwards and reports itself.
-//! Its answer to the carrier does not wait for that report when the
+//! Worker to make, as before: the Worker then forwards and reports itself,
+//! polling core's delivery driver (`callfence_core::delivery`) as the
+//! Dispatcher does. Its answer to the carrier does not wait for that report when the
 //! origin's answer already decides it
 //! ([`OutcomeClass::early_answer`](callfence_core::outcome::OutcomeClass::early_answer)).
 //!
@@ -35,7 +36,8 @@ use crate::forward::{self, CARRIED_HEADERS};
 use crate::log::RequestLog;
 use crate::protocol::{self, Next, Reply, Request as ProtocolRequest, Unavailable};
 use crate::reply::{Answer, ApiError};
-use callfence_core::engine::{Delivered, Forward, Report, MAX_HOPS};
+use callfence_core::delivery::Delivery;
+use callfence_core::engine::{Delivered, Forward, ReportEffect};
 use callfence_core::outcome::EarlyAnswer;
 use callfence_core::refusal::Refusal;
 use callfence_core::telnyx::Envelope;
@@ -108,8 +110,10 @@ pub async fn handle(
 }
 
 /// The Dispatcher's decision on a webhook, and for a version 1 Dispatcher
-/// the forwards and reports it asks of the Worker; the Dispatcher call itself
-/// is given up at `answer_by` too, the deadline [`handle`] answers by.
+/// the forwards and reports it asks of the Worker (core's delivery driver,
+/// [`Delivery`], decides each send's budget and whether to follow a move);
+/// the Dispatcher call itself is given up at `answer_by` too, the deadline
+/// [`handle`] answers by.
 async fn decide(
     env: &Env,
     ctx: &Context,
@@ -128,70 +132,103 @@ async fn decide(
     let deadline = (answer_by - now_ms()).max(1);
     let asked = now_ms();
     let (env_owned, body) = (env.clone(), webhook.body);
-    let (mut outcome, _) = run_detached(ctx, async move {
-        let reply = protocol::call_within(&env_owned, &request, &body, deadline).await;
-        (Hop::Replied(reply), 0)
+    let outcome = run_detached(ctx, async move {
+        Hop::Replied(protocol::call_within(&env_owned, &request, &body, deadline).await)
     })
     .await;
     log.waited(now_ms() - asked);
-    for hop in 1..=MAX_HOPS {
-        let forward = match outcome {
-            Hop::Answered(answer) => return Ok(answer),
-            Hop::Replied(Ok(Reply::Done(Next::Forward(f)))) => *f,
-            Hop::Replied(Ok(Reply::Done(Next::Answer(answer)))) => return Ok(Answer::ok(answer)),
-            Hop::Replied(Ok(Reply::Refused(refused))) => return Ok(Answer::refused(refused)),
-            Hop::Replied(Err(_)) => return Err(ApiError::dispatcher_unavailable()),
+    let first = match outcome {
+        Hop::Replied(Ok(Reply::Done(Next::Forward(f)))) => *f,
+        other => return answer_of(other),
+    };
+    // A version 1 Dispatcher: core's delivery driver runs here, its reports
+    // sent as messages; a forward in the reply to one is the call's move.
+    let mut delivery = Delivery::webhook(first, received_at, budget);
+    loop {
+        let sent_at = now_ms();
+        let Some(transmit) = delivery.poll_transmit(sent_at) else {
+            // Still being moved after the hop limit: the alarm finishes the job.
+            return Ok(Answer::refusal(&Refusal::Reassigned));
         };
-        // A version 1 Dispatcher: forward and report here.
-        let left = budget - (now_ms() - received_at);
-        let (next, waited) = forward_and_report(env, ctx, config, forward, (hop, left)).await;
-        log.waited(waited);
-        outcome = next;
+        let (forward, budget_ms) = (transmit.forward.clone(), transmit.budget_ms);
+        let sent = forward_and_report(env, ctx, config, forward, budget_ms, delivery).await;
+        log.waited(sent.waited_ms);
+        delivery = match (sent.hop, sent.delivery) {
+            (Hop::Replied(Ok(Reply::Done(Next::Forward(next)))), Some(mut delivery)) => {
+                delivery.handle_effect(ReportEffect::Reassigned(Some(*next)));
+                delivery
+            }
+            (hop, _) => return answer_of(hop),
+        };
     }
-    // Still being moved after the hop limit: the alarm finishes the job.
-    Ok(Answer::refusal(&Refusal::Reassigned))
+}
+
+/// The carrier's answer from a hop that did not hand back a forward.
+fn answer_of(hop: Hop) -> Result<Answer, ApiError> {
+    match hop {
+        Hop::Answered(answer) => Ok(answer),
+        Hop::Replied(Ok(Reply::Done(Next::Answer(answer)))) => Ok(Answer::ok(answer)),
+        Hop::Replied(Ok(Reply::Refused(refused))) => Ok(Answer::refused(refused)),
+        // A forward with no delivery to follow it: not a version 1 reply.
+        Hop::Replied(Ok(Reply::Done(Next::Forward(_)))) | Hop::Replied(Err(_)) => {
+            Err(ApiError::dispatcher_unavailable())
+        }
+    }
 }
 
 /// Runs `work` under `waitUntil` (so the carrier hanging up cannot cancel
 /// it) and awaits its result.
 async fn run_detached(
     ctx: &Context,
-    work: impl std::future::Future<Output = (Hop, i64)> + 'static,
-) -> (Hop, i64) {
+    work: impl std::future::Future<Output = Hop> + 'static,
+) -> Hop {
     let (tx, rx) = oneshot::channel();
     ctx.wait_until(async move {
         let _ = tx.send(work.await);
     });
-    rx.await.unwrap_or_else(|_| {
-        (
-            Hop::Replied(Err(Unavailable("the answer was lost".into()))),
-            0,
-        )
-    })
+    rx.await
+        .unwrap_or_else(|_| Hop::Replied(Err(Unavailable("the answer was lost".into()))))
 }
 
-/// Forwards under `waitUntil` and reports the outcome (for a version 1
-/// Dispatcher). Returns as soon as the carrier's answer is known, with the
-/// milliseconds spent awaiting the origin (and the Dispatcher, when the
-/// report had to be awaited).
+/// What a forward made by the Worker ended with.
+struct Sent {
+    /// The carrier's answer, or the Dispatcher's reply to the report.
+    hop: Hop,
+    /// Milliseconds spent awaiting the origin (and the Dispatcher, when the
+    /// report had to be awaited).
+    waited_ms: i64,
+    /// The delivery, back when its report's reply was awaited (it may name
+    /// the call's next owner).
+    delivery: Option<Delivery>,
+}
+
+/// Sends `forward` (the transmit `delivery` polled) under `waitUntil` and
+/// reports the outcome (for a version 1 Dispatcher). Returns as soon as the
+/// carrier's answer is known.
 async fn forward_and_report(
     env: &Env,
     ctx: &Context,
     config: &IngressConfig,
     forward: Forward,
-    (hop, budget_ms): (u32, i64),
-) -> (Hop, i64) {
+    budget_ms: i64,
+    mut delivery: Delivery,
+) -> Sent {
     let (tx, rx) = oneshot::channel();
     let env = env.clone();
     let edge = config.edge.clone();
-    let total = i64::from(config.forward_timeout_ms);
     ctx.wait_until(async move {
         let sent_at = now_ms();
         let (answer, origin_wait) = forward::send_timed(&forward, &edge, budget_ms, sent_at).await;
-        let spent = now_ms() - sent_at;
         let early = answer.class().early_answer();
-        let report = Report::of(&forward, hop, answer, (budget_ms - spent).min(total));
+        let Some(report) = delivery.handle_answer(answer, now_ms()) else {
+            return;
+        };
         let request = ProtocolRequest::Report { report };
+        let answered = |answer| Sent {
+            hop: Hop::Answered(answer),
+            waited_ms: origin_wait,
+            delivery: None,
+        };
         let tx = match early {
             EarlyAnswer::Delivered => {
                 let delivered = Delivered {
@@ -199,12 +236,11 @@ async fn forward_and_report(
                     epoch: forward.epoch,
                     event_id: forward.event_id.clone(),
                 };
-                let _ = tx.send((Hop::Answered(Answer::ok(json!(delivered))), origin_wait));
+                let _ = tx.send(answered(Answer::ok(json!(delivered))));
                 None
             }
             EarlyAnswer::Unknown => {
-                let answer = Answer::refusal(&Refusal::DeliveryUnknown);
-                let _ = tx.send((Hop::Answered(answer), origin_wait));
+                let _ = tx.send(answered(Answer::refusal(&Refusal::DeliveryUnknown)));
                 None
             }
             EarlyAnswer::AwaitReport => Some(tx),
@@ -212,14 +248,16 @@ async fn forward_and_report(
         let reporting = now_ms();
         let reply = protocol::call::<Next>(&env, &request, b"").await;
         if let Some(tx) = tx {
-            let waited = origin_wait + (now_ms() - reporting);
-            let _ = tx.send((Hop::Replied(reply), waited));
+            let _ = tx.send(Sent {
+                hop: Hop::Replied(reply),
+                waited_ms: origin_wait + (now_ms() - reporting),
+                delivery: Some(delivery),
+            });
         }
     });
-    rx.await.unwrap_or_else(|_| {
-        (
-            Hop::Replied(Err(Unavailable("the report was lost".into()))),
-            0,
-        )
+    rx.await.unwrap_or_else(|_| Sent {
+        hop: Hop::Replied(Err(Unavailable("the report was lost".into()))),
+        waited_ms: 0,
+        delivery: None,
     })
 }

@@ -12,7 +12,6 @@
 //! fields below are the only ones there are, and callers fill them with
 //! identifiers only after they were checked.
 
-use crate::config::Misconfigured;
 use callfence_core::number::mask;
 use serde_json::{json, Map, Value};
 
@@ -102,9 +101,10 @@ impl RequestLog {
     }
 }
 
-/// Logs a misconfigured capability: which variables, never their values.
-pub fn misconfigured(problem: &Misconfigured) {
-    worker::console_error!("{}", misconfigured_line(problem));
+/// Logs a misconfigured capability (its name, as `config::Capability::as_str`)
+/// and which variables are at fault, never their values.
+pub fn misconfigured(capability: &str, variables: &[&str]) {
+    worker::console_error!("{}", misconfigured_line(capability, variables));
 }
 
 /// Warns, once per isolate, that node signatures are not pinned to this
@@ -116,11 +116,11 @@ pub fn edge_hostnames_unset() {
     );
 }
 
-fn misconfigured_line(problem: &Misconfigured) -> String {
+fn misconfigured_line(capability: &str, variables: &[&str]) -> String {
     json!({
         "config": "misconfigured",
-        "capability": problem.capability.as_str(),
-        "variables": problem.variables,
+        "capability": capability,
+        "variables": variables,
     })
     .to_string()
 }
@@ -136,7 +136,6 @@ fn bounded(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Capability;
 
     #[test]
     fn a_line_is_one_json_object_with_masked_numbers() {
@@ -170,10 +169,7 @@ mod tests {
 
     #[test]
     fn configuration_problems_name_variables_only() {
-        let line = misconfigured_line(&Misconfigured {
-            capability: Capability::Admin,
-            variables: vec!["ADMIN_TOKENS"],
-        });
+        let line = misconfigured_line("admin", &["ADMIN_TOKENS"]);
         assert_eq!(
             serde_json::from_str::<Value>(&line).unwrap(),
             json!({"config": "misconfigured", "capability": "admin", "variables": ["ADMIN_TOKENS"]})

@@ -64,6 +64,10 @@
 //! | `Profile` | none | the Dispatcher's time per operation (`dispatcher::profile`; `make bench` only) |
 //! | `WritesOnly` (`id`, `node`, `origin_url`) | an event body | `{"written":true}`; `make bench` only, under `CALLFENCE_TEST_WRITES_ONLY` |
 //!
+//! `Profile` and `WritesOnly` exist only in a `testing` build (the cargo
+//! feature that test and bench builds turn on): the deployed Worker does not
+//! know them, and its Dispatcher answers them `unknown_op`.
+//!
 //! Refusals carry the HTTP status and the contract's error code; the
 //! mapping from engine outcomes to them is one exhaustive `match`,
 //! `dispatcher::ops::Refusal`.
@@ -226,7 +230,8 @@ pub enum Request {
         refused: u64,
     },
     /// Where the Dispatcher's time went, per operation (for `make bench`;
-    /// no public route serves it).
+    /// no public route serves it). Only in a `testing` build.
+    #[cfg(feature = "testing")]
     Profile,
     /// Admit a node's L5 probe under its rate limit and name its registered
     /// origin (SPEC §14).
@@ -240,7 +245,9 @@ pub enum Request {
     /// and nothing else (`Engine::writes_only_assign`, then
     /// `Engine::writes_only_deliver` in a second commit); the payload is the event's
     /// body. Served only under the test-only switch
-    /// `CALLFENCE_TEST_WRITES_ONLY`, otherwise `unknown_op`.
+    /// `CALLFENCE_TEST_WRITES_ONLY`, otherwise `unknown_op`; only in a
+    /// `testing` build.
+    #[cfg(feature = "testing")]
     WritesOnly {
         /// The new call's session, leg and event id.
         id: String,
@@ -273,8 +280,10 @@ impl Request {
             Request::Events { .. } => "events",
             Request::Metrics { .. } => "metrics",
             Request::CountRefused { .. } => "count_refused",
+            #[cfg(feature = "testing")]
             Request::Profile => "profile",
             Request::Probe { .. } => "probe",
+            #[cfg(feature = "testing")]
             Request::WritesOnly { .. } => "writes_only",
         }
     }
@@ -300,9 +309,9 @@ impl Request {
             | Request::Calls { .. }
             | Request::Events { .. }
             | Request::Metrics { .. }
-            | Request::CountRefused { .. }
-            | Request::Profile
-            | Request::WritesOnly { .. } => None,
+            | Request::CountRefused { .. } => None,
+            #[cfg(feature = "testing")]
+            Request::Profile | Request::WritesOnly { .. } => None,
         }
     }
 
@@ -330,9 +339,9 @@ impl Request {
             | Request::Calls { .. }
             | Request::Events { .. }
             | Request::Metrics { .. }
-            | Request::CountRefused { .. }
-            | Request::Profile
-            | Request::WritesOnly { .. } => false,
+            | Request::CountRefused { .. } => false,
+            #[cfg(feature = "testing")]
+            Request::Profile | Request::WritesOnly { .. } => false,
         }
     }
 }

@@ -50,6 +50,9 @@
 //!   fences, claims, media checks, the (node, key id) check of node ops, the
 //!   re-forward rule, the alarm and its due time, and the read-only views
 //!   (status, preview, decisions, calls); its SQL is one query module.
+//! - [`delivery`]: the one delivery driver: what to send where with which
+//!   budget, the report of its answer, and what comes next (the new owner,
+//!   or the carrier's answer), polled by every shell that delivers.
 //!
 //! # Invariants
 //!
@@ -80,6 +83,9 @@
 //!     or fenced and not ended) or the legs and ledger events of one; at
 //!     `SESSION_CAP` with only live sessions a new session is refused
 //!     `storage_full` and nothing is evicted.
+//! 14. A delivery sends each attempt of an event (its epoch and attempt
+//!     number) at most once: only the engine starts another attempt
+//!     ([`delivery`]'s driver never resends).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -87,6 +93,7 @@
 pub mod admission;
 pub mod assertion;
 pub mod decision;
+pub mod delivery;
 pub mod document;
 pub mod edge_hosts;
 pub mod eligibility;

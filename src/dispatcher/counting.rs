@@ -76,18 +76,20 @@ pub fn ingress(counters: &Counters, ingress: &Ingress) {
 }
 
 /// Counts one forward's report: a failure against its node, and the
-/// webhook's (or the alarm's) outcome when the report ends it.
+/// webhook's (or the alarm's) outcome when the delivery ended with it
+/// (`finished`: what the delivery ended with, `None` while it follows the
+/// call to a new owner).
 pub fn report(
     counters: &Counters,
     node: &str,
     class: OutcomeClass,
-    effect: &ReportEffect,
+    finished: Option<&ReportEffect>,
     for_webhook: bool,
 ) {
     if let Some(failure) = failure_class(class) {
         counters.count(Count::ForwardFailure(node, failure));
     }
-    if let Some(outcome) = report_outcome(effect, class, for_webhook) {
+    if let Some(outcome) = finished.and_then(|e| report_outcome(e, class, for_webhook)) {
         counters.count(Count::Webhook(outcome));
     }
 }

@@ -14,6 +14,7 @@ mod deliver;
 #[allow(missing_docs)]
 mod object;
 mod ops;
+#[cfg(feature = "testing")]
 pub mod profile;
 pub mod store;
 

@@ -1,17 +1,24 @@
 //! The Durable Object type: construction (schema migrations, the engine),
 //! the `fetch` that decodes a protocol message and answers it, and the
-//! alarm that re-drives, re-evaluates, sweeps and prunes.
+//! alarm that re-drives, re-evaluates, sweeps and prunes. A `testing` build
+//! (the cargo feature) also keeps the per-operation profile, arms the store's
+//! fault switch and serves the bench-only `writes_only`; the deployed one has
+//! none of them.
 
 use super::deliver;
 use super::ops::{self, Served};
+#[cfg(feature = "testing")]
 use super::profile::{OpProfile, Profile};
 use super::store::DoStore;
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::protocol;
+use callfence_core::delivery::Delivery;
 use callfence_core::engine::{Engine, EngineError};
 use callfence_core::store::migrate;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
+#[cfg(feature = "testing")]
+use std::cell::RefCell;
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
 /// The Dispatcher Durable Object (class `Dispatcher`, bound as `DISPATCHER`).
@@ -25,6 +32,7 @@ pub struct Dispatcher {
     /// The outcome of applying the migrations at construction.
     migrated: std::result::Result<(), String>,
     /// Where the time went, per operation (for `make bench`).
+    #[cfg(feature = "testing")]
     profile: RefCell<Profile>,
 }
 
@@ -35,6 +43,7 @@ impl DurableObject for Dispatcher {
         let migrated = migrate(&store, now_ms())
             .map(|_| ())
             .map_err(|e| e.to_string());
+        #[cfg(feature = "testing")]
         store.arm_fault_switch(config.test.fail_unit_after_writes);
         let engine = Engine::new(store, config.engine());
         Self {
@@ -43,6 +52,7 @@ impl DurableObject for Dispatcher {
             engine,
             armed_at: Cell::new(None),
             migrated,
+            #[cfg(feature = "testing")]
             profile: RefCell::new(Profile::default()),
         }
     }
@@ -54,8 +64,8 @@ impl DurableObject for Dispatcher {
                 "schema migration failed: {problem}"
             )));
         }
-        let arrived = now_ms();
-        let spent_before = self.engine.store().spent();
+        #[cfg(feature = "testing")]
+        let (arrived, spent_before) = (now_ms(), self.engine.store().spent());
         let path = req.path();
         let url_op = path.trim_start_matches('/');
         let body = req.bytes().await?;
@@ -65,6 +75,7 @@ impl DurableObject for Dispatcher {
         };
         let decoded = now_ms();
         let config = Config::get(&self.env);
+        #[cfg(feature = "testing")]
         if matches!(message.request, protocol::Request::WritesOnly { .. })
             && !config.test.writes_only
         {
@@ -75,12 +86,18 @@ impl DurableObject for Dispatcher {
             );
         }
         let media = config.node_routes.as_ref().ok().map(|n| &n.media);
-        let served = {
-            let profile = self.profile.borrow();
-            ops::serve(&self.engine, media, &profile, &message, decoded)
-        }
-        .map_err(rust_error)?;
-        let (reply, origin_ms) = match served {
+        #[cfg(feature = "testing")]
+        let served = ops::serve(
+            &self.engine,
+            media,
+            &self.profile.borrow(),
+            &message,
+            decoded,
+        );
+        #[cfg(not(feature = "testing"))]
+        let served = ops::serve(&self.engine, media, &message, decoded);
+        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
+        let (reply, origin_ms) = match served.map_err(rust_error)? {
             Served::Reply(reply) => (reply, 0),
             Served::Deliver {
                 forward,
@@ -99,11 +116,13 @@ impl DurableObject for Dispatcher {
                 )
                 .await
                 .map_err(rust_error)?;
+                #[cfg(feature = "testing")]
                 if let Some(ms) = config.test.slow_answer_ms {
                     worker::Delay::from(std::time::Duration::from_millis(ms as u64)).await;
                 }
                 delivered
             }
+            #[cfg(feature = "testing")]
             Served::WritesOnlyDeliver { id, node } => {
                 // Yield to the event loop, as a forward does, so the first
                 // unit commits on its own before the second.
@@ -117,12 +136,15 @@ impl DurableObject for Dispatcher {
                 )
             }
         };
+        #[cfg(feature = "testing")]
         let served = now_ms();
+        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
         let alarm_api_calls = if message.request.changes_state() {
             self.arm().await?
         } else {
             0
         };
+        #[cfg(feature = "testing")]
         self.record(
             message.request.op(),
             Marks {
@@ -138,8 +160,8 @@ impl DurableObject for Dispatcher {
     }
 
     async fn alarm(&self) -> Result<Response> {
-        let arrived = now_ms();
-        let spent_before = self.engine.store().spent();
+        #[cfg(feature = "testing")]
+        let (arrived, spent_before) = (now_ms(), self.engine.store().spent());
         self.armed_at.set(None);
         let work = self
             .engine
@@ -150,15 +172,19 @@ impl DurableObject for Dispatcher {
         if let Ok(ingress) = &config.ingress {
             let budget = i64::from(ingress.forward_timeout_ms);
             for f in work.forwards {
-                let (_, waited) =
-                    deliver::send_and_report(&self.engine, &ingress.edge, &f, (1, budget), false)
-                        .await
-                        .map_err(rust_error)?;
-                origin_ms += waited;
+                let mut redrive = Delivery::redrive(f, budget);
+                origin_ms += deliver::drive(&self.engine, &ingress.edge, &mut redrive)
+                    .await
+                    .map_err(rust_error)?;
             }
         }
+        #[cfg(not(feature = "testing"))]
+        let _ = origin_ms;
+        #[cfg(feature = "testing")]
         let armed = now_ms();
+        #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
         let alarm_api_calls = self.arm().await?;
+        #[cfg(feature = "testing")]
         self.record(
             "alarm",
             Marks {
@@ -175,6 +201,7 @@ impl DurableObject for Dispatcher {
 }
 
 /// When one request's parts ended, for its profile.
+#[cfg(feature = "testing")]
 struct Marks {
     arrived: i64,
     decoded: i64,
@@ -184,6 +211,7 @@ struct Marks {
     alarm_api_calls: u64,
 }
 
+#[cfg(feature = "testing")]
 impl Dispatcher {
     /// Adds one request of `op` to the profile; it ends now.
     fn record(&self, op: &'static str, m: Marks) {
@@ -204,7 +232,9 @@ impl Dispatcher {
             },
         );
     }
+}
 
+impl Dispatcher {
     /// Arms the alarm for the earliest pending work, unless it is already
     /// armed for earlier (known from memory, else asked of storage once).
     /// Returns how many calls it made to the runtime's alarm API.

@@ -4,6 +4,7 @@
 //! statuses.
 
 use super::counting;
+#[cfg(feature = "testing")]
 use super::profile::Profile;
 use crate::protocol::encode_refusal;
 use crate::protocol::{
@@ -45,6 +46,7 @@ pub enum Served {
     },
     /// A bench-only `writes_only` whose first unit is written: the Durable
     /// Object yields (so that it commits on its own) and writes the second.
+    #[cfg(feature = "testing")]
     WritesOnlyDeliver {
         /// The call.
         id: String,
@@ -83,7 +85,7 @@ fn done(result: &impl Serialize) -> Outcome {
 pub fn serve<S: Store>(
     engine: &Engine<S>,
     media: Option<&MediaKeys>,
-    profile: &Profile,
+    #[cfg(feature = "testing")] profile: &Profile,
     message: &Message,
     now_ms: i64,
 ) -> Result<Served, EngineError> {
@@ -246,6 +248,7 @@ pub fn serve<S: Store>(
             counting::refused(engine.metrics(), *refused);
             done(&json!({}))
         }
+        #[cfg(feature = "testing")]
         Request::Profile => done(profile),
         Request::Probe { node, .. } => match engine.handle_probe(node, now_ms)? {
             ProbeAdmission::Send { origin_url } => done(&ProbeTarget { origin_url }),
@@ -254,6 +257,7 @@ pub fn serve<S: Store>(
             }
             ProbeAdmission::UnknownNode => Err(Refusal::NodeAuth(NodeAuthError::UnknownNodeKey)),
         },
+        #[cfg(feature = "testing")]
         Request::WritesOnly {
             id,
             node,

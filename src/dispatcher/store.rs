@@ -32,12 +32,15 @@
 //! `transactionSync`, hence the helper.) Statements outside a unit (the
 //! read-only views) each commit on their own, as before.
 //!
-//! # Test-only fault switch
+//! # Test-only fault switch and counters
 //!
+//! Only in a `testing` build (the cargo feature; never the deployed Worker):
 //! `CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES=N` makes every atomic unit fail at
 //! its (N+1)-th writing statement, so an end-to-end test can show that a
 //! unit which fails half-way leaves nothing behind. Never set it in a
-//! deployment (docs/operations.md, "Test-only timing variables").
+//! deployment (docs/operations.md, "Test-only timing variables"). The same
+//! build counts the statements run and the time spent in them, for the
+//! Dispatcher's profile (`dispatcher::profile`).
 
 use callfence_core::store::{Row, Store, StoreError, Value};
 use callfence_core::MAX_SAFE_INTEGER;
@@ -84,13 +87,17 @@ pub struct DoStore {
     /// opens a transaction).
     depth: Cell<u32>,
     /// Writing statements so far in the current unit (for the fault switch).
+    #[cfg(feature = "testing")]
     writes: Cell<u32>,
     /// `CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES`, once armed (after the
     /// migrations: the switch is for the Dispatcher's own units).
+    #[cfg(feature = "testing")]
     fail_after_writes: Cell<Option<u32>>,
     /// Statements run since construction (for the profile).
+    #[cfg(feature = "testing")]
     statements: Cell<u64>,
     /// Milliseconds inside statements since construction (for the profile).
+    #[cfg(feature = "testing")]
     sql_ms: Cell<i64>,
 }
 
@@ -106,13 +113,20 @@ impl DoStore {
             sql,
             storage,
             depth: Cell::new(0),
+            #[cfg(feature = "testing")]
             writes: Cell::new(0),
+            #[cfg(feature = "testing")]
             fail_after_writes: Cell::new(None),
+            #[cfg(feature = "testing")]
             statements: Cell::new(0),
+            #[cfg(feature = "testing")]
             sql_ms: Cell::new(0),
         }
     }
+}
 
+#[cfg(feature = "testing")]
+impl DoStore {
     /// Statements run, and milliseconds spent in them, since the Durable
     /// Object started (see [`profile`](super::profile)).
     pub fn spent(&self) -> (u64, i64) {
@@ -146,6 +160,7 @@ impl DoStore {
 }
 
 /// True for a statement that writes.
+#[cfg(feature = "testing")]
 fn is_write(sql: &str) -> bool {
     let head = sql.trim_start().get(..7).unwrap_or_default();
     ["INSERT", "UPDATE", "DELETE", "REPLACE"]
@@ -167,15 +182,20 @@ fn js_error(e: JsValue) -> StoreError {
 
 impl Store for DoStore {
     fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
+        #[cfg(feature = "testing")]
         self.fault(sql)?;
+        #[cfg(feature = "testing")]
         let started = crate::clock::now_ms();
         let params = encode_params(params)?;
         let rows = callfence_exec(&self.sql, sql, &params)
             .map_err(js_error)
             .and_then(|rows| decode_rows(&rows));
-        self.statements.set(self.statements.get() + 1);
-        self.sql_ms
-            .set(self.sql_ms.get() + crate::clock::now_ms() - started);
+        #[cfg(feature = "testing")]
+        {
+            self.statements.set(self.statements.get() + 1);
+            self.sql_ms
+                .set(self.sql_ms.get() + crate::clock::now_ms() - started);
+        }
         rows
     }
 
@@ -187,6 +207,7 @@ impl Store for DoStore {
             return work();
         }
         self.depth.set(1);
+        #[cfg(feature = "testing")]
         self.writes.set(0);
         let mut work = Some(work);
         let mut outcome: Option<Result<T, E>> = None;
@@ -306,6 +327,7 @@ mod tests {
         assert!(decode_rows("not json").is_err());
     }
 
+    #[cfg(feature = "testing")]
     #[test]
     fn writes_are_told_from_reads() {
         for sql in [

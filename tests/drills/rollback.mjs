@@ -26,7 +26,7 @@ import { randomBytes } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { LINE, PLAIN_CALLER, sleep, standardPolicy } from "../e2e/agents-cluster.mjs";
-import { nodeHeaders, read, ROOT, telnyxHeaders } from "../e2e/harness.mjs";
+import { nodeHeaders, read, ROOT, telnyxHeaders, TESTING_BUILD } from "../e2e/harness.mjs";
 import { callsIntact, check, unavailability } from "./checker.mjs";
 import { collect, runLoad } from "./load.mjs";
 import { stable, startStack, TIMINGS } from "./stack.mjs";
@@ -205,7 +205,7 @@ export async function rollback({ short = false, previous, swaps, rate } = {}) {
   const prev = previousRelease(previous);
   const builds = {
     previous: { name: "previous", sha: prev.sha, dir: prev.build, ops: operationsOf(readFileSync(join(prev.root, "docs/openapi.yaml"), "utf8")) },
-    current: { name: "current", sha: spawnSync("git", ["-C", ROOT, "rev-parse", "HEAD"], { encoding: "utf8" }).stdout.trim(), dir: join(ROOT, "build"), ops: operationsOf(readFileSync(join(ROOT, "docs/openapi.yaml"), "utf8")) },
+    current: { name: "current", sha: spawnSync("git", ["-C", ROOT, "rev-parse", "HEAD"], { encoding: "utf8" }).stdout.trim(), dir: TESTING_BUILD, ops: operationsOf(readFileSync(join(ROOT, "docs/openapi.yaml"), "utf8")) },
   };
   // The previous release runs first (the production state), then they alternate.
   const order = Array.from({ length: swaps + 1 }, (_, i) => (i % 2 === 0 ? builds.previous : builds.current));

@@ -29,7 +29,7 @@ const APP_MAX_CALLS = 1000;
  * `deploy` lists the nodes run from a releases layout (startCluster's);
  * `recordBeats` puts a recorder between the agents and the edge
  * (`stack.recorder.beats`); `build` is the Worker build directory to start
- * with (default: ROOT/build).
+ * with (default: the harness's TESTING_BUILD, build-testing/).
  */
 export async function startStack({ nodes, policy, bindings = {}, recordBeats = false, build, deploy = [] }) {
   const keys = testKeys();

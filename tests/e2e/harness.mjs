@@ -1,8 +1,9 @@
-// End-to-end harness: the prebuilt Worker (build/index.js + build/index_bg.wasm)
-// in Miniflare 4 with its SQLite Dispatcher, test keys made with node:crypto,
+// End-to-end harness: the prebuilt testing Worker (build-testing/index.js +
+// build-testing/index_bg.wasm: the Worker with its test scaffolding, the
+// CALLFENCE_TEST_* switches; docs/testing.md) in Miniflare 4 with its SQLite Dispatcher, test keys made with node:crypto,
 // and helpers to sign what Telnyx and the nodes sign.
 //
-// Build first (`make build`); the harness never builds. Every instance listens
+// Build first (`make build-testing`); the harness never builds. Every instance listens
 // on a random loopback port (`port: 0`) with its Durable Object state in a
 // temporary directory, so test files can run in parallel.
 
@@ -107,11 +108,18 @@ export function bindingsFor(keys) {
 
 // ------------------------------------------------------------- workers ----
 
+/** The testing build of the Worker (build-testing/, `make build-testing`). */
+export const TESTING_BUILD = join(ROOT, "build-testing");
+
+/** The production build of the Worker (build/, `make build`): no test scaffolding. */
+export const PRODUCTION_BUILD = join(ROOT, "build");
+
 /** The prebuilt Worker in `build` (a directory under ROOT) as a Miniflare worker definition. */
-function edgeWorker(bindings, dispatcher, build = join(ROOT, "build")) {
+function edgeWorker(bindings, dispatcher, build = TESTING_BUILD) {
   for (const file of ["index.js", "index_bg.wasm"]) {
     if (!existsSync(join(build, file))) {
-      throw new Error(`${join(build, file)} is missing: run \`make build\` before the end-to-end tests`);
+      const make = build === PRODUCTION_BUILD ? "make build" : "make build-testing";
+      throw new Error(`${join(build, file)} is missing: run \`${make}\` before the end-to-end tests`);
     }
   }
   return {
@@ -136,8 +144,9 @@ function edgeWorker(bindings, dispatcher, build = join(ROOT, "build")) {
  *   removed by `dispose()`).
  * options.port: the loopback port to listen on (default: a free one), kept
  *   across `restart()` so clients keep the same URL.
- * options.build: the directory of the Worker build to run (default: ROOT/build;
- *   another under ROOT, e.g. a previous release's).
+ * options.build: the directory of the Worker build to run (default:
+ *   TESTING_BUILD; PRODUCTION_BUILD, or another under ROOT, e.g. a previous
+ *   release's).
  * options.dispatcherScript: source of a module Worker exporting a stand-in
  *   `Dispatcher` class (a faulty one, or a fake speaking the protocol);
  *   DISPATCHER is then bound to it instead of the real one.

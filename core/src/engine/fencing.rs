@@ -5,9 +5,9 @@
 //! and evicts nothing (only an admitted one moves the node's bucket).
 
 use super::nodes::Caller;
-use super::ownership::{Ownership, Target};
+use super::ownership::Ownership;
 use super::queries::NewSession;
-use super::routing::DecisionSubject;
+use super::routing::{DecisionSubject, Target};
 use super::rows::{SessionRow, SessionState};
 use super::{ClaimRequest, Engine, EngineError, FenceRequest};
 use crate::decision::DecisionOutcome;

@@ -6,7 +6,7 @@
 //! inserted once, in its final state (a first attempt, parked, ignored or
 //! unroutable): a new call costs nine statements.
 
-use super::ownership::{Ownership, Placeable, Placed};
+use super::ownership::{Ownership, PendingReason, Placeable, Placed};
 use super::queries::{NewEvent, NewSession};
 use super::rows::{event_state as st, EventRow, Payload, SessionRow};
 use super::{Engine, EngineError, Forward};
@@ -14,16 +14,6 @@ use crate::number::normalise;
 use crate::store::Store;
 use crate::telnyx::Envelope;
 use serde::Serialize;
-
-/// Why an event is parked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PendingReason {
-    /// No routing policy or node registry yet (503 `no_policy`).
-    NoPolicy,
-    /// No node is eligible, or an outgoing session awaits its claim
-    /// (503 `no_eligible_node`).
-    NoEligibleNode,
-}
 
 /// The answer for a delivered event (200), the same for every duplicate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -20,8 +20,10 @@
 //! that is no longer in the current registry (`unknown_node_key`).
 //!
 //! Forwards are not performed here: a method that wants an event delivered
-//! returns a [`Forward`]; the caller sends it and reports the origin's answer
-//! with [`Engine::handle_report`], bound to the epoch, attempt and hop it
+//! returns a [`Forward`]; the caller drives it with core's delivery driver
+//! ([`crate::delivery::Delivery`]), which says what to send with which
+//! budget and makes the report of the origin's answer, and applies that with
+//! [`Engine::handle_report`], bound to the epoch, attempt and hop it
 //! carried. Whether a reassigned event is forwarded again at once is
 //! [`may_reforward`]. After every state change the caller asks
 //! [`Engine::next_alarm_at`] when its alarm is next due (sans-IO, as str0m's
@@ -31,18 +33,23 @@
 //! # Layout
 //!
 //! - `ownership`: a session's ownership states as types and their
-//!   guarded transitions (assign, reassign, release, fence, end), and
-//!   `Engine::place`, the one assignment path;
+//!   guarded transitions (assign, reassign, release, fence, end),
+//!   `Engine::place`, the one assignment path, and why a placement parks
+//!   ([`PendingReason`]);
 //! - `queries`: every SQL statement, one named function each;
 //! - `rows`: sessions, legs and events as read back;
 //! - `ingress`, `reports`, `fencing`, `alarm`, `nodes`, `documents`: the
 //!   `handle_*` methods, `poll_alarm`, heartbeats and documents;
-//! - `routing`: resolution, selection and the decision record;
+//! - `routing`: resolution, selection, the decision record and the
+//!   target (node and origin) a placement assigns;
 //! - `requests`, `views`: request bodies and the read-only views;
 //! - `refusals`: what was refused under a limit (claims over capacity or
 //!   rate, new sessions at `SESSION_CAP`), counted in memory for status;
 //! - `writes_only`: `make bench`'s baseline, an assignment's writes alone
-//!   (served only under a test-only switch).
+//!   (only with the `testing` feature: test and bench builds).
+//!
+//! Imports between these modules go one way (the handlers use `ownership`,
+//! which uses `routing` and `queries`); no two of them import each other.
 
 mod alarm;
 mod documents;
@@ -58,13 +65,15 @@ mod requests;
 mod routing;
 pub(crate) mod rows;
 mod views;
+#[cfg(feature = "testing")]
 mod writes_only;
 
 pub use alarm::{AlarmWork, ROWS_PER_SESSION};
 pub use documents::DocError;
 pub use fencing::{ClaimReply, FenceGrant, FenceRefusal, FenceReply, MediaRefusal, MediaReply};
-pub use ingress::{Delivered, Ingress, PendingReason};
+pub use ingress::{Delivered, Ingress};
 pub use nodes::{Caller, HeartbeatRefusal, NodeKey};
+pub use ownership::PendingReason;
 pub use probes::ProbeAdmission;
 pub use refusals::Refused;
 pub use reports::{
@@ -219,6 +228,7 @@ struct Cache {
 }
 
 /// A copy of an engine's in-memory caches ([`Engine::caches`]).
+#[cfg(feature = "testing")]
 #[doc(hidden)]
 #[derive(Default, Clone)]
 pub struct Caches(Cache);
@@ -275,12 +285,15 @@ impl<S: Store> Engine<S> {
     /// one engine and database, and gives each history its own caches back
     /// with [`Engine::set_caches`] when it returns to it, so that a cache
     /// that disagrees with the database (a planted bug) is explored exactly.
+    /// Only with the `testing` feature.
+    #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn caches(&self) -> Caches {
         Caches(self.cache.borrow().clone())
     }
 
     /// Replaces the in-memory caches (see [`Engine::caches`]).
+    #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn set_caches(&self, caches: Caches) {
         *self.cache.borrow_mut() = caches.0;

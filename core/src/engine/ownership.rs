@@ -23,9 +23,8 @@
 //! first assignment and reassignment after a definite non-delivery are the
 //! same resolution, selection and decision record.
 
-use super::ingress::PendingReason;
 use super::queries::Queries;
-use super::routing::DecisionSubject;
+use super::routing::{DecisionSubject, Target};
 use super::rows::{FenceRow, SessionRow, SessionState};
 use super::{Engine, EngineError};
 use crate::decision::DecisionOutcome;
@@ -52,10 +51,14 @@ pub(crate) struct Fenced(SessionRow);
 /// A session that ended without a fence.
 pub(crate) struct Ended(SessionRow);
 
-/// Where a session is assigned: the node and its registered origin.
-pub(crate) struct Target {
-    pub node: String,
-    pub origin: String,
+/// Why an event is parked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingReason {
+    /// No routing policy or node registry yet (503 `no_policy`).
+    NoPolicy,
+    /// No node is eligible, or an outgoing session awaits its claim
+    /// (503 `no_eligible_node`).
+    NoEligibleNode,
 }
 
 fn guard_failed(what: &str, id: &str) -> EngineError {

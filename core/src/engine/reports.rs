@@ -1,8 +1,8 @@
 //! Delivery reports: the origin's answer to one forward attempt, bound to
 //! the epoch and attempt it was sent under (SPEC §7.6–7.7).
 
-use super::ingress::{delivered, Delivered, PendingReason};
-use super::ownership::{Owned, Ownership, Placeable, Placed};
+use super::ingress::{delivered, Delivered};
+use super::ownership::{Owned, Ownership, PendingReason, Placeable, Placed};
 use super::rows::{event_state as st, EventRow};
 use super::{Engine, EngineError, Forward};
 use crate::outcome::{classify, truncate_body, OriginAnswer, OutcomeClass};
@@ -19,8 +19,8 @@ pub const MAX_HOPS: u32 = 3;
 /// reported included), a reassigned event is sent to its new owner at once
 /// only while a hop is left and the carrier's remaining budget is worth it;
 /// otherwise the carrier is answered 503 `reassigned` and the alarm
-/// delivers. The engine applies it in [`Engine::handle_report`]; the Worker
-/// bounds its forward loop by [`MAX_HOPS`].
+/// delivers. The engine applies it in [`Engine::handle_report`]; the
+/// delivery driver ([`crate::delivery`]) bounds its hops by [`MAX_HOPS`].
 pub fn may_reforward(hops: u32, budget_left_ms: i64) -> bool {
     hops < MAX_HOPS && budget_left_ms >= MIN_REFORWARD_BUDGET_MS
 }

@@ -2,7 +2,6 @@
 //! its evidence. The same code serves live calls, reassignment, the alarm,
 //! the preview and the status view.
 
-use super::ownership::Target;
 use super::rows::SessionRow;
 use super::{Engine, EngineError};
 use crate::decision::{Decision, DecisionOutcome};
@@ -14,6 +13,12 @@ use crate::selection::{select, Selection};
 use crate::store::Store;
 use crate::time::format_ms;
 use std::collections::BTreeMap;
+
+/// Where a session is assigned: the node and its registered origin.
+pub(crate) struct Target {
+    pub node: String,
+    pub origin: String,
+}
 
 /// A routing answer for one call.
 #[derive(Debug, Clone)]

@@ -6,9 +6,9 @@
 //! statements (the same named [`Queries`](super::queries) functions), in the
 //! same two atomic units (two storage commits), but no read, no decision, no
 //! forward and no alarm. The ratio says how far the real path is from what
-//! its storage alone allows. The Dispatcher serves it only under the
-//! test-only switch `CALLFENCE_TEST_WRITES_ONLY` (never set in a
-//! deployment); the rows it writes are real sessions, events and decisions
+//! its storage alone allows. It exists only with the `testing` feature (test
+//! and bench builds), and the Dispatcher serves it only under the test-only
+//! switch `CALLFENCE_TEST_WRITES_ONLY` as well; the rows it writes are real sessions, events and decisions
 //! of node `node`.
 
 use super::queries::{NewEvent, NewSession};

@@ -67,6 +67,14 @@ pub struct AssignmentEvidence {
 pub enum Observation {
     /// The engine asked for a forward of this event.
     Forwarded { event_id: String },
+    /// A delivery (numbered by the simulation) had this attempt of an event
+    /// sent to its origin.
+    Sent {
+        delivery: u64,
+        event_id: String,
+        epoch: u64,
+        attempt: u32,
+    },
     /// The engine answered that this event is delivered (`node/epoch`): the
     /// carrier got its 200. The first answer is the recorded one.
     Delivered { event_id: String, answer: String },
@@ -144,6 +152,10 @@ pub enum Violation {
     UnknownKeyAccepted(&'static str),
     /// A live session, or a leg or event of one, was deleted.
     LivePruned(String),
+    /// One delivery sent an attempt of an event (its epoch and attempt
+    /// number) twice: a retry the engine did not start, after an outcome
+    /// that may have been delivered.
+    AttemptResent(String),
 }
 
 impl Violation {
@@ -171,6 +183,7 @@ impl Violation {
             Violation::ReforwardRuleBroken { .. } => "ReforwardRuleBroken",
             Violation::UnknownKeyAccepted(_) => "UnknownKeyAccepted",
             Violation::LivePruned(_) => "LivePruned",
+            Violation::AttemptResent(_) => "AttemptResent",
         }
     }
 }
@@ -187,6 +200,8 @@ pub struct Checker {
     granted: BTreeMap<String, (String, u64)>,
     /// Events the carrier was told are delivered, with the first answer.
     answered: BTreeMap<String, String>,
+    /// Every attempt sent: (delivery, event, epoch, attempt).
+    sent: BTreeSet<(u64, String, u64, u32)>,
     pub violations: Vec<Violation>,
 }
 
@@ -212,6 +227,7 @@ impl Checker {
         self.ambiguous.hash(state);
         self.granted.hash(state);
         self.answered.hash(state);
+        self.sent.hash(state);
     }
 
     fn observe(&mut self, obs: &Observation, after: &Snapshot) {
@@ -222,6 +238,20 @@ impl Checker {
                 {
                     self.violations
                         .push(Violation::ForwardedAfterDelivery(event_id.clone()));
+                }
+            }
+            Observation::Sent {
+                delivery,
+                event_id,
+                epoch,
+                attempt,
+            } => {
+                if !self
+                    .sent
+                    .insert((*delivery, event_id.clone(), *epoch, *attempt))
+                {
+                    self.violations
+                        .push(Violation::AttemptResent(event_id.clone()));
                 }
             }
             Observation::Delivered { event_id, answer } => {
@@ -624,6 +654,23 @@ mod tests {
             ),
         ]);
         assert_eq!(v, vec![Violation::ForwardedAfterDelivery("e".into())]);
+    }
+
+    #[test]
+    fn an_attempt_sent_twice_by_one_delivery_is_reported_and_a_new_attempt_is_not() {
+        let sent = |attempt| Observation::Sent {
+            delivery: 1,
+            event_id: "e".into(),
+            epoch: 1,
+            attempt,
+        };
+        let v = run(vec![(vec![sent(1), sent(2)], Snapshot::default())]);
+        assert!(v.is_empty(), "{v:?}");
+        let v = run(vec![
+            (vec![sent(1)], Snapshot::default()),
+            (vec![sent(1)], Snapshot::default()),
+        ]);
+        assert_eq!(v, vec![Violation::AttemptResent("e".into())]);
     }
 
     #[test]

@@ -10,6 +10,11 @@
 //! invariants, including the maintained open-call counts and the alarm's
 //! due time against a full scan of the tables.
 //!
+//! Every delivery, the webhook's and the alarm's re-drives, is core's one
+//! delivery driver (`callfence_core::delivery`), polled as the Dispatcher
+//! polls it, with its reports delayed, reordered or lost in between. A
+//! planted driver bug (a resend after an ambiguous answer) must be caught.
+//!
 //! `CALLFENCE_SIM_SCHEDULES` sets the number of schedules (`make test` runs
 //! at least 2,000); `CALLFENCE_SIM_SEED` replays one schedule.
 
@@ -18,7 +23,8 @@
 mod common;
 mod world;
 
-use world::World;
+use common::checker::Violation;
+use world::{Plant, World};
 
 #[test]
 fn schedules_hold_every_invariant() {
@@ -69,4 +75,22 @@ fn schedules_hold_every_invariant() {
          {unknown_keys} unknown-key refusals, alarm due time checked after {alarm_checks} steps with work)",
         seeds.len()
     );
+}
+
+#[test]
+fn a_driver_that_resends_after_an_ambiguous_answer_is_caught() {
+    let caught = (1..=50u64).find(|i| {
+        let mut world = World::planted(
+            i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            Plant::ResendAfterAmbiguous,
+        );
+        world.run();
+        world
+            .checker
+            .violations
+            .iter()
+            .any(|v| matches!(v, Violation::AttemptResent(_)))
+    });
+    assert!(caught.is_some(), "the planted resend went unnoticed");
+    println!("sim: the planted resend after an ambiguous answer caught in schedule {caught:?}");
 }

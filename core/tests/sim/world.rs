@@ -4,6 +4,7 @@
 use crate::common::checker::{Checker, Observation, Snapshot};
 use crate::common::fixtures::{self, BeatSpec, Keys, T0};
 use crate::common::observe;
+use callfence_core::delivery::Delivery as Driver;
 use callfence_core::document::DocKind;
 use callfence_core::eligibility::is_valid_sha;
 use callfence_core::engine::{
@@ -11,6 +12,7 @@ use callfence_core::engine::{
     HeartbeatRefusal, Ingress, MediaReply, Report, ReportEffect, ReportedAnswer, Timing,
 };
 use callfence_core::heartbeat::{Mode, HEARTBEAT_SCHEMA};
+use callfence_core::outcome::OutcomeClass;
 use callfence_core::store::sqlite::SqliteStore;
 use callfence_core::store::{migrate, Store, Value};
 use serde_json::json;
@@ -79,6 +81,64 @@ struct LateReport {
     at: i64,
     report: Report,
     session: String,
+    /// The delivery it belongs to, which applies what the report did.
+    driven: Driven,
+}
+
+/// A bug planted in the simulated Dispatcher, which the checker must catch.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Plant {
+    /// A delivery driver that sends an attempt again after an ambiguous
+    /// answer (a timeout, a 5xx), a retry the engine never started.
+    ResendAfterAmbiguous,
+}
+
+/// Core's delivery driver as the simulated Dispatcher polls it, on the
+/// delivery's own clock (the world's clock does not move while an origin
+/// answers), and with the planted driver bug when armed.
+struct Driven {
+    /// Which delivery this is, for the checker.
+    id: u64,
+    driver: Driver,
+    /// The time of the delivery's last send or answer.
+    at: i64,
+    /// [`Plant::ResendAfterAmbiguous`]: the forward to send again.
+    resend: Option<Forward>,
+}
+
+impl Driven {
+    fn new(id: u64, driver: Driver, at: i64) -> Self {
+        Self {
+            id,
+            driver,
+            at,
+            resend: None,
+        }
+    }
+
+    /// The next forward to send, if any.
+    fn poll_transmit(&mut self) -> Option<Forward> {
+        if let Some(again) = self.resend.take() {
+            return Some(again);
+        }
+        let at = self.at;
+        self.driver.poll_transmit(at).map(|t| t.forward.clone())
+    }
+
+    /// The origin's answer to `sent`, `spent_ms` after it was sent.
+    fn handle_answer(
+        &mut self,
+        sent: &Forward,
+        answer: ReportedAnswer,
+        spent_ms: i64,
+        plant: Option<Plant>,
+    ) -> Option<Report> {
+        if plant == Some(Plant::ResendAfterAmbiguous) && answer.class() == OutcomeClass::Unknown {
+            self.resend = Some(sent.clone());
+        }
+        self.at += spent_ms;
+        self.driver.handle_answer(answer, self.at)
+    }
 }
 
 /// A node signing with its registered key id.
@@ -96,6 +156,9 @@ pub struct World {
     events: Vec<CallEvent>,
     deliveries: Vec<Delivery>,
     reports: Vec<LateReport>,
+    plant: Option<Plant>,
+    /// Deliveries driven so far (each one's number, for the checker).
+    driven: u64,
     next_alarm: Option<i64>,
     next_beat: i64,
     obs: Vec<Observation>,
@@ -164,6 +227,8 @@ impl World {
             events: Vec::new(),
             deliveries: Vec::new(),
             reports: Vec::new(),
+            plant: None,
+            driven: 0,
             next_alarm: None,
             next_beat: T0,
             obs: Vec::new(),
@@ -222,6 +287,13 @@ impl World {
                 self.now,
             )
             .expect("policy");
+    }
+
+    /// A world whose Dispatcher carries `plant`.
+    pub fn planted(seed: u64, plant: Plant) -> Self {
+        let mut world = Self::new(seed);
+        world.plant = Some(plant);
+        world
     }
 
     pub fn run(&mut self) {
@@ -334,7 +406,11 @@ impl World {
             .expect("engine");
         self.after_store_change();
         match ingress {
-            Ingress::Forward(f) => self.forward(f, 1_500, 1),
+            Ingress::Forward(f) => {
+                let driven =
+                    self.driven(Driver::webhook(f, self.now, self.config.forward_timeout_ms));
+                self.send(driven)
+            }
             Ingress::Delivered(d) => {
                 let answer = format!("{}/{}", d.delivered_to, d.epoch);
                 self.obs
@@ -349,13 +425,78 @@ impl World {
         }
     }
 
-    /// Sends a forward (the `hop`th for its webhook) to the simulated node
-    /// and reports (or delays, or loses) the outcome. Returns true when the
+    /// A new delivery driven by `driver`, from now.
+    fn driven(&mut self, driver: Driver) -> Driven {
+        self.driven += 1;
+        Driven::new(self.driven, driver, self.now)
+    }
+
+    /// Sends what the delivery driver polls to the simulated node and
+    /// reports (or delays, or loses) the outcome. Returns true when the
     /// carrier would get a 200.
-    fn forward(&mut self, f: Forward, budget_ms: i64, hop: u32) -> bool {
+    fn send(&mut self, mut driven: Driven) -> bool {
+        let Some(f) = driven.poll_transmit() else {
+            return false;
+        };
+        let answer = self.transmit(&f, driven.id);
+        let not_admitted = answer.class() == OutcomeClass::NotDelivered;
+        let ambiguous = answer.class() == OutcomeClass::Unknown;
+        // The origin's answer takes 50 to 800 ms of the carrier's budget.
+        let spent = 50 + self.rng.below(750) as i64;
+        let report = driven.handle_answer(&f, answer, spent, self.plant);
+        if let Some(again) = driven.poll_transmit() {
+            // Only a planted driver has anything to send before the report.
+            self.transmit(&again, driven.id);
+        }
+        let report = report.expect("a send in flight");
+        match self.rng.below(10) {
+            0 if !not_admitted => {
+                // Lost: the lease lapses, which the engine must treat as ambiguous.
+                self.obs.push(Observation::Ambiguous {
+                    session: f.call_session_id,
+                    epoch: f.epoch,
+                });
+                false
+            }
+            1 | 2 => {
+                if ambiguous {
+                    self.obs.push(Observation::Ambiguous {
+                        session: f.call_session_id.clone(),
+                        epoch: f.epoch,
+                    });
+                }
+                let at = self.now + self.rng.below(5_000) as i64;
+                self.reports.push(LateReport {
+                    at,
+                    report,
+                    session: f.call_session_id,
+                    driven,
+                });
+                false
+            }
+            _ => {
+                if ambiguous {
+                    self.obs.push(Observation::Ambiguous {
+                        session: f.call_session_id.clone(),
+                        epoch: f.epoch,
+                    });
+                }
+                self.report(report, &f.call_session_id, driven)
+            }
+        }
+    }
+
+    /// One forward to the simulated node: what it does and answers.
+    fn transmit(&mut self, f: &Forward, delivery: u64) -> ReportedAnswer {
         self.forwards += 1;
         self.obs.push(Observation::Forwarded {
             event_id: f.event_id.clone(),
+        });
+        self.obs.push(Observation::Sent {
+            delivery,
+            event_id: f.event_id.clone(),
+            epoch: f.epoch,
+            attempt: f.attempt,
         });
         let idx = self
             .nodes
@@ -399,7 +540,7 @@ impl World {
                 }
             }
         }
-        let answer = match behavior {
+        match behavior {
             None => ReportedAnswer::NetworkError,
             Some(Behavior::Ok) => ReportedAnswer::Http {
                 status: 200,
@@ -414,61 +555,10 @@ impl World {
                 status: 503,
                 body: r#"{"callfence":"not_admitted"}"#.into(),
             },
-        };
-        let not_admitted = behavior == Some(Behavior::NotAdmitted);
-        let ambiguous = matches!(
-            answer,
-            ReportedAnswer::Timeout
-                | ReportedAnswer::NetworkError
-                | ReportedAnswer::Http { status: 500, .. }
-        );
-        // The origin's answer takes 50 to 800 ms of the carrier's budget.
-        let spent = 50 + self.rng.below(750) as i64;
-        let report = Report {
-            event_id: f.event_id.clone(),
-            epoch: f.epoch,
-            attempt: f.attempt,
-            answer,
-            budget_left_ms: budget_ms - spent,
-            hop,
-        };
-        match self.rng.below(10) {
-            0 if !not_admitted => {
-                // Lost: the lease lapses, which the engine must treat as ambiguous.
-                self.obs.push(Observation::Ambiguous {
-                    session: f.call_session_id,
-                    epoch: f.epoch,
-                });
-                false
-            }
-            1 | 2 => {
-                if ambiguous {
-                    self.obs.push(Observation::Ambiguous {
-                        session: f.call_session_id.clone(),
-                        epoch: f.epoch,
-                    });
-                }
-                let at = self.now + self.rng.below(5_000) as i64;
-                self.reports.push(LateReport {
-                    at,
-                    report,
-                    session: f.call_session_id,
-                });
-                false
-            }
-            _ => {
-                if ambiguous {
-                    self.obs.push(Observation::Ambiguous {
-                        session: f.call_session_id.clone(),
-                        epoch: f.epoch,
-                    });
-                }
-                self.report(report, &f.call_session_id)
-            }
         }
     }
 
-    fn report(&mut self, report: Report, session: &str) -> bool {
+    fn report(&mut self, report: Report, session: &str, mut driven: Driven) -> bool {
         let current = self.session_epoch(session);
         let stale = current != Some(report.epoch);
         let before = stale.then(|| self.dump());
@@ -481,13 +571,13 @@ impl World {
             self.obs.push(Observation::StaleReport { before, after });
         }
         self.after_store_change();
-        match effect {
+        match &effect {
             ReportEffect::Delivered(d) => {
                 self.obs.push(Observation::Delivered {
                     answer: format!("{}/{}", d.delivered_to, d.epoch),
-                    event_id: d.event_id,
+                    event_id: d.event_id.clone(),
                 });
-                true
+                return true;
             }
             ReportEffect::Reassigned(next) => {
                 self.obs.push(Observation::Reassigned {
@@ -496,18 +586,16 @@ impl World {
                     forwarded: next.is_some(),
                 });
                 match next {
-                    Some(f) => {
-                        self.reforwards += 1;
-                        self.forward(f, report.budget_left_ms, report.hop + 1)
-                    }
-                    None => {
-                        self.held_back += 1;
-                        false
-                    }
+                    Some(_) => self.reforwards += 1,
+                    None => self.held_back += 1,
                 }
             }
-            ReportEffect::Unknown | ReportEffect::Parked(_) => false,
+            ReportEffect::Unknown | ReportEffect::Parked(_) => {}
         }
+        // A move with a forward is the driver's next send; anything else
+        // finished it.
+        driven.driver.handle_effect(effect);
+        self.send(driven)
     }
 
     fn late_report(&mut self) {
@@ -517,7 +605,7 @@ impl World {
         let i = self.rng.below(self.reports.len() as u64) as usize;
         let late = self.reports.remove(i);
         self.now = self.now.max(late.at);
-        self.report(late.report, &late.session);
+        self.report(late.report, &late.session, late.driven);
     }
 
     // ---- nodes -------------------------------------------------------------
@@ -700,7 +788,8 @@ impl World {
         });
         self.next_alarm = work.next_alarm_ms;
         for f in work.forwards {
-            self.forward(f, 0, 1);
+            let driven = self.driven(Driver::redrive(f, self.config.forward_timeout_ms));
+            self.send(driven);
         }
         self.after_store_change();
     }
