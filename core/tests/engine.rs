@@ -99,6 +99,19 @@ impl World {
             .unwrap();
     }
 
+    /// A world where M1 serves the `sales` line and M2 beats but serves no
+    /// line.
+    fn with_m1_and_a_lineless_m2() -> Self {
+        let mut w = World::new();
+        w.beat("M1", |_| {}).unwrap();
+        w.beat("M2", |hb| {
+            hb.lines.clear();
+            hb.routing_hash = routing_hash(&hb.lines);
+        })
+        .unwrap();
+        w
+    }
+
     fn beat(
         &mut self,
         node: &str,
@@ -475,13 +488,7 @@ fn a_stale_seq_that_is_not_a_resend_counts_a_regression_in_status() {
 
 #[test]
 fn a_draft_preview_resolves_under_the_draft_and_stores_nothing() {
-    let mut w = World::new();
-    w.beat("M1", |_| {}).unwrap();
-    w.beat("M2", |hb| {
-        hb.lines.clear();
-        hb.routing_hash = routing_hash(&hb.lines);
-    })
-    .unwrap();
+    let w = World::with_m1_and_a_lineless_m2();
     let preview = |policy| {
         let req = PreviewRequest {
             to: Some("+15102160079".into()),
@@ -954,13 +961,7 @@ fn retention_by_age_spares_a_fenced_call_that_has_not_ended() {
 
 #[test]
 fn status_says_where_an_override_callers_next_call_goes_on_each_line() {
-    let mut w = World::new();
-    w.beat("M1", |_| {}).unwrap();
-    w.beat("M2", |hb| {
-        hb.lines.clear();
-        hb.routing_hash = routing_hash(&hb.lines);
-    })
-    .unwrap();
+    let mut w = World::with_m1_and_a_lineless_m2();
     let caller = "+14155550100";
     let policy = json!({"schema": "riff_node_routing_policy_v1", "default_node": "M1",
         "by_line": {"sales": {"called_number": "+15102160079", "preferred_node": "M1"}},
