@@ -6,7 +6,7 @@
 //! ([`Counters`]).
 
 use callfence_core::engine::{
-    Engine, EngineError, FenceReply, HeartbeatRefusal, Ingress, PendingReason, ReportEffect,
+    Engine, EngineError, FenceReply, Ingress, PendingReason, ReportEffect,
 };
 use callfence_core::metrics::{gauges, ClaimLimit, Count, Counters, Sample, WebhookOutcome};
 use callfence_core::metrics::{STORAGE_FULL, WEBHOOKS};
@@ -94,16 +94,11 @@ pub fn report(
     }
 }
 
-/// Counts a heartbeat of a node whose key is in force: `accepted` or the
-/// refusal's code (an engine failure is not a verdict on the beat).
-pub fn heartbeat<T>(counters: &Counters, node: &str, result: &Result<T, HeartbeatRefusal>) {
-    let code = match result {
-        Ok(_) => "accepted",
-        Err(refused) => match Refusal::of_heartbeat(refused.clone()) {
-            Ok(refusal) => refusal.code(),
-            Err(_) => return,
-        },
-    };
+/// Counts a heartbeat of a node whose key is in force: `accepted`, or the
+/// code of its `refusal` (an engine failure is not a verdict on the beat and
+/// never reaches here).
+pub fn heartbeat(counters: &Counters, node: &str, refusal: Option<&Refusal>) {
+    let code = refusal.map_or("accepted", Refusal::code);
     counters.count(Count::Heartbeat(node, code));
 }
 

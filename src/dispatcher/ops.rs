@@ -140,12 +140,13 @@ pub fn serve<S: Store>(
             kid,
             signed_at_s,
         } => {
-            let beat = engine.handle_heartbeat(caller(node, kid), *signed_at_s, payload, now_ms);
-            counting::heartbeat(engine.metrics(), node, &beat);
-            match beat {
-                Ok(answer) => done(&answer),
-                Err(refused) => Err(Refusal::of_heartbeat(refused)?),
-            }
+            let beat =
+                match engine.handle_heartbeat(caller(node, kid), *signed_at_s, payload, now_ms) {
+                    Ok(answer) => Ok(answer),
+                    Err(refused) => Err(Refusal::of_heartbeat(refused)?),
+                };
+            counting::heartbeat(engine.metrics(), node, beat.as_ref().err());
+            beat.and_then(|answer| done(&answer))
         }
         Request::Fence { node, kid } => match media {
             None => Err(Refusal::Misconfigured("node_routes")),
