@@ -64,6 +64,7 @@ mod reports;
 mod requests;
 mod routing;
 pub(crate) mod rows;
+mod view;
 mod views;
 #[cfg(feature = "testing")]
 mod writes_only;
@@ -80,6 +81,7 @@ pub use reports::{
     may_reforward, Report, ReportEffect, ReportedAnswer, MAX_HOPS, MIN_REFORWARD_BUDGET_MS,
 };
 pub use requests::{BadRequest, ClaimRequest, FenceRequest, MediaVerifyRequest, PreviewRequest};
+pub use view::{DirectoryView, VIEW_VERSION};
 
 use crate::document::DocKind;
 use crate::eligibility::Beat;

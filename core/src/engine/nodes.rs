@@ -3,8 +3,9 @@
 //! health, open-call counts, and the facts eligibility is decided on.
 
 use super::rows::SessionRow;
+use super::view::{DirectoryView, NodeState, VIEW_VERSION};
 use super::{Engine, EngineError};
-use crate::eligibility::{self, Beat, Candidacy, NodeFacts, Reason};
+use crate::eligibility::{self, Beat, Candidacy};
 use crate::encoding::sha256_hex;
 use crate::heartbeat;
 use crate::store::Store;
@@ -61,30 +62,6 @@ pub struct NodeKey {
     pub kid: String,
     /// Base64 of the raw 32-byte Ed25519 public key.
     pub public_key: String,
-}
-
-/// Per-node state the engine keeps besides the registry.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct NodeState {
-    pub beat: Option<Rc<Beat>>,
-    pub open_calls: u32,
-    pub last_failure_at_ms: Option<i64>,
-    pub last_delivery_at_ms: Option<i64>,
-}
-
-impl NodeState {
-    pub(crate) fn facts<'a>(
-        &'a self,
-        entry: Option<&'a crate::registry::NodeEntry>,
-    ) -> NodeFacts<'a> {
-        NodeFacts {
-            entry,
-            beat: self.beat.as_deref(),
-            open_calls: self.open_calls,
-            last_failure_at_ms: self.last_failure_at_ms,
-            last_delivery_at_ms: self.last_delivery_at_ms,
-        }
-    }
 }
 
 impl<S: Store> Engine<S> {
@@ -244,32 +221,39 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// The state of every registered node (for views).
-    pub(crate) fn all_node_states(&self) -> Result<BTreeMap<String, NodeState>, EngineError> {
-        let Some((_, registry)) = self.registry()? else {
-            return Ok(BTreeMap::new());
+    /// The directory's view as of `now_ms` (SPEC §16): the documents in
+    /// force and every registered node's beat, forward health and open
+    /// calls. The shard side decides on this and reads no directory table.
+    pub(crate) fn directory_view(&self, now_ms: i64) -> Result<DirectoryView, EngineError> {
+        let registry = self.registry()?;
+        let nodes = match &registry {
+            None => BTreeMap::new(),
+            Some((_, r)) => r
+                .nodes
+                .keys()
+                .map(|n| Ok((n.clone(), self.node_state(n, None)?)))
+                .collect::<Result<_, EngineError>>()?,
         };
-        registry
-            .nodes
-            .keys()
-            .map(|n| Ok((n.clone(), self.node_state(n, None)?)))
-            .collect()
+        Ok(DirectoryView {
+            v: VIEW_VERSION,
+            as_of_ms: now_ms,
+            registry,
+            policy: self.policy()?,
+            nodes,
+        })
     }
 
-    /// The general (call-independent) reasons a node is ineligible now.
-    pub(crate) fn general_reasons(
-        &self,
-        node: &str,
-        state: &NodeState,
-        now_ms: i64,
-    ) -> Result<Vec<Reason>, EngineError> {
-        let registry = self.registry()?;
-        let entry = registry.as_ref().and_then(|(_, r)| r.nodes.get(node));
-        Ok(eligibility::check(
-            &state.facts(entry),
-            Candidacy::General,
-            None,
-            now_ms,
-        ))
+    /// Forgets the beats and forward health of nodes no longer registered
+    /// (the directory's part of the alarm's retention).
+    pub(crate) fn forget_unregistered(&self) -> Result<(), EngineError> {
+        let q = self.q();
+        let registered = self.registry()?.map(|(_, r)| r).unwrap_or_default();
+        for node in q.known_nodes()? {
+            if !registered.nodes.contains_key(&node) {
+                q.forget_node(&node)?;
+                self.cache.borrow_mut().beats.remove(&node);
+            }
+        }
+        Ok(())
     }
 }
