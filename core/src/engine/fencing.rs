@@ -151,10 +151,10 @@ impl<S: Store> Engine<S> {
     ) -> Result<ClaimReply, EngineError> {
         let node = caller.node;
         let reply = self.unit(|| {
-            if !self.key_in_force(caller)? {
+            let view = self.directory_view(now_ms)?;
+            if !view.key_in_force(caller.node, caller.kid) {
                 return Ok::<_, EngineError>(ClaimReply::NotRegistered);
             }
-            let view = self.directory_view(now_ms)?;
             let Some((_, registry)) = &view.registry else {
                 return Ok(ClaimReply::NotRegistered);
             };

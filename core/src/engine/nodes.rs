@@ -2,8 +2,9 @@
 //! checked against the current registry), accepted heartbeats, forward
 //! health, open-call counts, and the facts eligibility is decided on.
 
+use super::marks::{ForwardMark, ForwardResult};
 use super::rows::SessionRow;
-use super::view::{DirectoryView, NodeState, VIEW_VERSION};
+use super::view::{lists_key, DirectoryView, NodeState, VIEW_VERSION};
 use super::{Engine, EngineError};
 use crate::eligibility::{self, Beat, Candidacy};
 use crate::encoding::sha256_hex;
@@ -86,12 +87,12 @@ impl<S: Store> Engine<S> {
 
     /// True when `caller`'s node and key id are in the current registry.
     pub fn key_in_force(&self, caller: Caller<'_>) -> Result<bool, EngineError> {
-        Ok(self.registry()?.is_some_and(|(_, registry)| {
-            registry
-                .nodes
-                .get(caller.node)
-                .is_some_and(|e| e.keys.contains_key(caller.kid))
-        }))
+        let registry = self.registry()?;
+        Ok(lists_key(
+            registry.as_ref().map(|(_, r)| &**r),
+            caller.node,
+            caller.kid,
+        ))
     }
 
     /// `POST /v1/nodes/heartbeat`, after the Worker verified the node
@@ -255,5 +256,13 @@ impl<S: Store> Engine<S> {
             }
         }
         Ok(())
+    }
+
+    /// Applies a call shard's [`ForwardMark`] to the node's forward health.
+    pub(crate) fn apply_forward_mark(&self, mark: &ForwardMark) -> Result<(), EngineError> {
+        match mark.result {
+            ForwardResult::Delivered => self.q().mark_delivery(&mark.node, mark.at_ms),
+            ForwardResult::Failed => self.q().mark_failure(&mark.node, mark.at_ms),
+        }
     }
 }

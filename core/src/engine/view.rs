@@ -82,10 +82,20 @@ impl DirectoryView {
         eligibility::check(&state.facts(entry), Candidacy::General, None, now_ms)
     }
 
+    /// True when the registry lists `node` with the key id `kid`.
+    pub(crate) fn key_in_force(&self, node: &str, kid: &str) -> bool {
+        lists_key(self.registry.as_ref().map(|(_, r)| &**r), node, kid)
+    }
+
     /// Every registered node's state (for views).
     pub(crate) fn nodes(&self) -> &BTreeMap<String, NodeState> {
         &self.nodes
     }
+}
+
+/// True when `registry` lists `node` with the key id `kid`.
+pub(crate) fn lists_key(registry: Option<&NodeRegistry>, node: &str, kid: &str) -> bool {
+    registry.is_some_and(|r| r.nodes.get(node).is_some_and(|e| e.keys.contains_key(kid)))
 }
 
 /// What the directory keeps of a node besides its registry entry: its last
