@@ -122,3 +122,69 @@ impl NodeState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(nodes: Option<u64>, policy: Option<u64>, as_of_ms: i64) -> DirectoryView {
+        let policy_doc = || RoutingPolicy {
+            default_node: "M1".into(),
+            by_line: BTreeMap::new(),
+            by_caller: BTreeMap::new(),
+        };
+        DirectoryView {
+            v: VIEW_VERSION,
+            as_of_ms,
+            registry: nodes.map(|r| (r, Rc::new(NodeRegistry::default()))),
+            policy: policy.map(|r| (r, Rc::new(policy_doc()))),
+            nodes: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_view_supersedes_only_an_older_one() {
+        let base = view(Some(3), Some(5), 1_000);
+        // A later revision of either document wins, whatever the time it
+        // was taken: a view delivered late never replaces a newer one.
+        assert!(view(Some(4), Some(5), 900).supersedes(&base));
+        assert!(view(Some(3), Some(6), 900).supersedes(&base));
+        assert!(view(Some(3), Some(5), 1_001).supersedes(&base));
+        assert!(!base.supersedes(&view(Some(4), Some(5), 900)));
+        assert!(!view(Some(3), Some(5), 999).supersedes(&base));
+        // The same view again supersedes nothing: a repeat changes nothing.
+        assert!(!base.supersedes(&base.clone()));
+        // Before any document the revisions read 0.
+        let empty = view(None, None, 0);
+        assert_eq!((empty.nodes_revision(), empty.policy_revision()), (0, 0));
+        assert!(base.supersedes(&empty));
+    }
+
+    #[test]
+    fn the_call_being_decided_never_counts_against_its_own_node() {
+        let mut v = view(Some(1), Some(1), 0);
+        v.nodes.insert(
+            "M1".into(),
+            NodeState {
+                open_calls: 2,
+                ..NodeState::default()
+            },
+        );
+        let own = SessionRow {
+            id: "s1".into(),
+            state: super::super::rows::SessionState::Assigned,
+            owner: Some("M1".into()),
+            epoch: Some(1),
+            origin_url: None,
+            direction: None,
+            caller: None,
+            called: None,
+            created_at_ms: 0,
+            fence: None,
+            ambiguous_epoch: None,
+        };
+        assert_eq!(v.node("M1", None).map(|s| s.open_calls), Some(2));
+        assert_eq!(v.node("M1", Some(&own)).map(|s| s.open_calls), Some(1));
+        assert!(v.node("M9", None).is_none());
+    }
+}
