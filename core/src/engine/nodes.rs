@@ -224,17 +224,24 @@ impl<S: Store> Engine<S> {
 
     /// The directory's view as of `now_ms` (SPEC §16): the documents in
     /// force and every registered node's beat, forward health and open
-    /// calls. The shard side decides on this and reads no directory table.
+    /// calls, in one read besides the cached documents and beats. The shard
+    /// side decides on this and reads no directory table.
     pub(crate) fn directory_view(&self, now_ms: i64) -> Result<DirectoryView, EngineError> {
         let registry = self.registry()?;
-        let nodes = match &registry {
-            None => BTreeMap::new(),
-            Some((_, r)) => r
-                .nodes
-                .keys()
-                .map(|n| Ok((n.clone(), self.node_state(n, None)?)))
-                .collect::<Result<_, EngineError>>()?,
-        };
+        let mut nodes = BTreeMap::new();
+        if let Some((_, r)) = &registry {
+            let mut rows = self.q().all_nodes()?;
+            for node in r.nodes.keys() {
+                let row = rows.remove(node).unwrap_or_default();
+                let state = NodeState {
+                    beat: self.beat(node)?,
+                    open_calls: row.open_calls.max(0) as u32,
+                    last_failure_at_ms: row.last_failure_at_ms,
+                    last_delivery_at_ms: row.last_delivery_at_ms,
+                };
+                nodes.insert(node.clone(), state);
+            }
+        }
         Ok(DirectoryView {
             v: VIEW_VERSION,
             as_of_ms: now_ms,
