@@ -5,7 +5,7 @@
 //! or fenced and not ended) nor its legs and events.
 
 use super::ownership::{Ownership, Placeable};
-use super::routing::DecisionSubject;
+use super::routing::{route_session, DecisionSubject};
 use super::rows::{event_state as st, SessionRow};
 use super::{Engine, EngineError, Forward};
 use crate::decision::DecisionOutcome;
@@ -63,6 +63,7 @@ impl<S: Store> Engine<S> {
             // Prune before the sweep: what this alarm settles is pruned by a
             // later one, so nothing live when an alarm starts is gone after.
             self.prune(now_ms)?;
+            self.forget_unregistered()?;
             self.sweep(now_ms)?;
             Ok::<_, EngineError>(work)
         })?;
@@ -109,12 +110,19 @@ impl<S: Store> Engine<S> {
         let q = self.q();
         q.set_event_state(event_id, st::REJECTED, now_ms)?;
         self.metrics.stage(Count::Webhook(WebhookOutcome::Rejected));
-        let routed = self.route_session(session, now_ms)?;
+        let view = self.directory_view(now_ms)?;
+        let routed = route_session(&view, session, now_ms);
         let subject = DecisionSubject {
             session: Some(&session.id),
             event: Some(event_id),
         };
-        self.record_unassigned(subject, routed.as_ref(), DecisionOutcome::Rejected, now_ms)?;
+        self.record_unassigned(
+            &view,
+            subject,
+            routed.as_ref(),
+            DecisionOutcome::Rejected,
+            now_ms,
+        )?;
         if !q.session_has_parked(&session.id)? {
             q.forget_unowned(&session.id)?;
         }
@@ -149,8 +157,13 @@ impl<S: Store> Engine<S> {
         let timing = &self.config.timing;
         let q = self.q();
         q.settle_expired(now_ms - timing.max_duration_ms, now_ms)?;
-        for owner in q.open_owners()? {
-            let silent_since = match self.beat(&owner)? {
+        let owners = q.open_owners()?;
+        if owners.is_empty() {
+            return Ok(());
+        }
+        let view = self.directory_view(now_ms)?;
+        for owner in owners {
+            let silent_since = match view.beat(&owner) {
                 Some(beat) => beat.valid_until_ms(),
                 None => i64::MIN,
             };
@@ -161,20 +174,11 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// Retention by age and row caps, of rows that hold no live call; the
-    /// beats and forward health of nodes no longer registered.
+    /// Retention by age and row caps, of rows that hold no live call.
     fn prune(&self, now_ms: i64) -> Result<(), EngineError> {
-        let q = self.q();
         let caps = RowCaps::for_sessions(self.config.session_cap);
-        q.prune(now_ms - self.config.timing.retention_ms, &caps)?;
-        let registered = self.registry()?.map(|(_, r)| r).unwrap_or_default();
-        for node in q.known_nodes()? {
-            if !registered.nodes.contains_key(&node) {
-                q.forget_node(&node)?;
-                self.cache.borrow_mut().beats.remove(&node);
-            }
-        }
-        Ok(())
+        self.q()
+            .prune(now_ms - self.config.timing.retention_ms, &caps)
     }
 
     /// The earliest time the alarm has anything to do, if ever. The

@@ -151,10 +151,11 @@ impl<S: Store> Engine<S> {
     ) -> Result<ClaimReply, EngineError> {
         let node = caller.node;
         let reply = self.unit(|| {
-            if !self.key_in_force(caller)? {
+            let view = self.directory_view(now_ms)?;
+            if !view.key_in_force(caller.node, caller.kid) {
                 return Ok::<_, EngineError>(ClaimReply::NotRegistered);
             }
-            let Some((_, registry)) = self.registry()? else {
+            let Some((_, registry)) = &view.registry else {
                 return Ok(ClaimReply::NotRegistered);
             };
             let Some(entry) = registry.nodes.get(node) else {
@@ -190,7 +191,7 @@ impl<S: Store> Engine<S> {
                     return Ok(ClaimReply::AlreadyOwned);
                 }
             }
-            let state = self.node_state(node, None)?;
+            let state = view.node(node, None).unwrap_or_default();
             if state.beat.is_none() || state.facts(Some(entry)).capacity_exhausted() {
                 return Ok(ClaimReply::CapacityExhausted);
             }
@@ -229,6 +230,7 @@ impl<S: Store> Engine<S> {
                 event: None,
             };
             self.record_decision(
+                &view,
                 Some(ids[1]),
                 subject,
                 None,

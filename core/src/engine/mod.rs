@@ -1,5 +1,6 @@
 //! The Dispatcher state machine: the single authority over documents,
-//! heartbeats, call ownership, the event ledger, fences and decisions.
+//! heartbeats, call ownership, the event ledger, fences and decisions, in
+//! two sides, a directory and a call shard (see Layout).
 //!
 //! [`Engine`] owns a [`Store`] and a configuration and nothing else that
 //! matters: its caches are rebuilt from SQL after a restart. Its methods come
@@ -32,29 +33,62 @@
 //!
 //! # Layout
 //!
+//! The engine has two sides, the seam of SPEC §16 (a *directory* and
+//! *call shards*); today both run in the one object `global`, over one
+//! database, and each unit may span both.
+//!
+//! The **directory** (documents, keys, heartbeats, eligibility facts,
+//! forward-failure marks, the L5 probe, the open-call counts capacity is
+//! decided on):
+//! - `documents`, `nodes`, `probes`: document writes and reads, key checks,
+//!   heartbeats, the probe's admission; `nodes` takes the
+//!   [`DirectoryView`] ([`Engine::directory_view`](Engine)) and applies
+//!   [`ForwardMark`]s.
+//!
+//! The **call shard** (ownership, epochs, the ledger, fences, media checks,
+//! claims, decisions, parked events, the alarm):
 //! - `ownership`: a session's ownership states as types and their
 //!   guarded transitions (assign, reassign, release, fence, end),
 //!   `Engine::place`, the one assignment path, and why a placement parks
 //!   ([`PendingReason`]);
-//! - `queries`: every SQL statement, one named function each;
+//! - `ingress`, `reports`, `fencing`, `alarm`: the `handle_*` methods and
+//!   `poll_alarm`;
+//! - `routing`: resolution and selection, pure functions of a
+//!   [`DirectoryView`], the decision record and the target (node and
+//!   origin) a placement assigns;
 //! - `rows`: sessions, legs and events as read back;
-//! - `ingress`, `reports`, `fencing`, `alarm`, `nodes`, `documents`: the
-//!   `handle_*` methods, `poll_alarm`, heartbeats and documents;
-//! - `routing`: resolution, selection, the decision record and the
-//!   target (node and origin) a placement assigns;
-//! - `requests`, `views`: request bodies and the read-only views;
 //! - `refusals`: what was refused under a limit (claims over capacity or
 //!   rate, new sessions at `SESSION_CAP`), counted in memory for status;
 //! - `writes_only`: `make bench`'s baseline, an assignment's writes alone
 //!   (only with the `testing` feature: test and bench builds).
 //!
+//! The shard side reads the directory only through the two messages that
+//! will cross objects when the shards are objects of their own:
+//! - `view`: [`DirectoryView`], directory to shard: the documents in force
+//!   with their revisions and each registered node's beat, forward health
+//!   and open calls, versioned (`v`) and ordered
+//!   ([`DirectoryView::supersedes`]), taken in the unit of the decision
+//!   that reads it; the key check of a claim reads it too (fences and media
+//!   checks still ask [`Engine::key_in_force`]);
+//! - `marks`: [`ForwardMark`], shard to directory: a forward delivered or
+//!   failed, versioned and idempotent, applied in the report's unit
+//!   before any re-placement reads the view.
+//!
+//! Shared: `queries` (every SQL statement, one named function each, by
+//! table: `nodes` is the directory's documents, beats and forward health,
+//! and the decisions; `sessions`, `events`, `retention` the shard's),
+//! `requests` and `views` (request bodies and the read-only views, which
+//! read both sides).
+//!
 //! Imports between these modules go one way (the handlers use `ownership`,
-//! which uses `routing` and `queries`); no two of them import each other.
+//! which uses `routing` and `queries`; `nodes` uses `view` and `marks`); no
+//! two of them import each other.
 
 mod alarm;
 mod documents;
 mod fencing;
 mod ingress;
+mod marks;
 mod nodes;
 pub(crate) mod ownership;
 mod probes;
@@ -64,6 +98,7 @@ mod reports;
 mod requests;
 mod routing;
 pub(crate) mod rows;
+mod view;
 mod views;
 #[cfg(feature = "testing")]
 mod writes_only;
@@ -72,6 +107,7 @@ pub use alarm::{AlarmWork, ROWS_PER_SESSION};
 pub use documents::DocError;
 pub use fencing::{ClaimReply, FenceGrant, FenceRefusal, FenceReply, MediaRefusal, MediaReply};
 pub use ingress::{Delivered, Ingress};
+pub use marks::{ForwardMark, ForwardResult, MARK_VERSION};
 pub use nodes::{Caller, HeartbeatRefusal, NodeKey};
 pub use ownership::PendingReason;
 pub use probes::ProbeAdmission;
@@ -80,6 +116,7 @@ pub use reports::{
     may_reforward, Report, ReportEffect, ReportedAnswer, MAX_HOPS, MIN_REFORWARD_BUDGET_MS,
 };
 pub use requests::{BadRequest, ClaimRequest, FenceRequest, MediaVerifyRequest, PreviewRequest};
+pub use view::{DirectoryView, VIEW_VERSION};
 
 use crate::document::DocKind;
 use crate::eligibility::Beat;

@@ -2,9 +2,11 @@
 //! checked against the current registry), accepted heartbeats, forward
 //! health, open-call counts, and the facts eligibility is decided on.
 
+use super::marks::{ForwardMark, ForwardResult};
 use super::rows::SessionRow;
+use super::view::{lists_key, DirectoryView, NodeState, VIEW_VERSION};
 use super::{Engine, EngineError};
-use crate::eligibility::{self, Beat, Candidacy, NodeFacts, Reason};
+use crate::eligibility::{self, Beat, Candidacy};
 use crate::encoding::sha256_hex;
 use crate::heartbeat;
 use crate::store::Store;
@@ -63,30 +65,6 @@ pub struct NodeKey {
     pub public_key: String,
 }
 
-/// Per-node state the engine keeps besides the registry.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct NodeState {
-    pub beat: Option<Rc<Beat>>,
-    pub open_calls: u32,
-    pub last_failure_at_ms: Option<i64>,
-    pub last_delivery_at_ms: Option<i64>,
-}
-
-impl NodeState {
-    pub(crate) fn facts<'a>(
-        &'a self,
-        entry: Option<&'a crate::registry::NodeEntry>,
-    ) -> NodeFacts<'a> {
-        NodeFacts {
-            entry,
-            beat: self.beat.as_deref(),
-            open_calls: self.open_calls,
-            last_failure_at_ms: self.last_failure_at_ms,
-            last_delivery_at_ms: self.last_delivery_at_ms,
-        }
-    }
-}
-
 impl<S: Store> Engine<S> {
     /// Every key of every registered node, and the registry revision.
     pub fn node_keys(&self) -> Result<(u64, Vec<NodeKey>), EngineError> {
@@ -109,12 +87,12 @@ impl<S: Store> Engine<S> {
 
     /// True when `caller`'s node and key id are in the current registry.
     pub fn key_in_force(&self, caller: Caller<'_>) -> Result<bool, EngineError> {
-        Ok(self.registry()?.is_some_and(|(_, registry)| {
-            registry
-                .nodes
-                .get(caller.node)
-                .is_some_and(|e| e.keys.contains_key(caller.kid))
-        }))
+        let registry = self.registry()?;
+        Ok(lists_key(
+            registry.as_ref().map(|(_, r)| &**r),
+            caller.node,
+            caller.kid,
+        ))
     }
 
     /// `POST /v1/nodes/heartbeat`, after the Worker verified the node
@@ -244,32 +222,54 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// The state of every registered node (for views).
-    pub(crate) fn all_node_states(&self) -> Result<BTreeMap<String, NodeState>, EngineError> {
-        let Some((_, registry)) = self.registry()? else {
-            return Ok(BTreeMap::new());
-        };
-        registry
-            .nodes
-            .keys()
-            .map(|n| Ok((n.clone(), self.node_state(n, None)?)))
-            .collect()
+    /// The directory's view as of `now_ms` (SPEC §16): the documents in
+    /// force and every registered node's beat, forward health and open
+    /// calls, in one read besides the cached documents and beats. The shard
+    /// side decides on this and reads no directory table.
+    pub(crate) fn directory_view(&self, now_ms: i64) -> Result<DirectoryView, EngineError> {
+        let registry = self.registry()?;
+        let mut nodes = BTreeMap::new();
+        if let Some((_, r)) = &registry {
+            let mut rows = self.q().all_nodes()?;
+            for node in r.nodes.keys() {
+                let row = rows.remove(node).unwrap_or_default();
+                let state = NodeState {
+                    beat: self.beat(node)?,
+                    open_calls: row.open_calls.max(0) as u32,
+                    last_failure_at_ms: row.last_failure_at_ms,
+                    last_delivery_at_ms: row.last_delivery_at_ms,
+                };
+                nodes.insert(node.clone(), state);
+            }
+        }
+        Ok(DirectoryView {
+            v: VIEW_VERSION,
+            as_of_ms: now_ms,
+            registry,
+            policy: self.policy()?,
+            nodes,
+        })
     }
 
-    /// The general (call-independent) reasons a node is ineligible now.
-    pub(crate) fn general_reasons(
-        &self,
-        node: &str,
-        state: &NodeState,
-        now_ms: i64,
-    ) -> Result<Vec<Reason>, EngineError> {
-        let registry = self.registry()?;
-        let entry = registry.as_ref().and_then(|(_, r)| r.nodes.get(node));
-        Ok(eligibility::check(
-            &state.facts(entry),
-            Candidacy::General,
-            None,
-            now_ms,
-        ))
+    /// Forgets the beats and forward health of nodes no longer registered
+    /// (the directory's part of the alarm's retention).
+    pub(crate) fn forget_unregistered(&self) -> Result<(), EngineError> {
+        let q = self.q();
+        let registered = self.registry()?.map(|(_, r)| r).unwrap_or_default();
+        for node in q.known_nodes()? {
+            if !registered.nodes.contains_key(&node) {
+                q.forget_node(&node)?;
+                self.cache.borrow_mut().beats.remove(&node);
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a call shard's [`ForwardMark`] to the node's forward health.
+    pub(crate) fn apply_forward_mark(&self, mark: &ForwardMark) -> Result<(), EngineError> {
+        match mark.result {
+            ForwardResult::Delivered => self.q().mark_delivery(&mark.node, mark.at_ms),
+            ForwardResult::Failed => self.q().mark_failure(&mark.node, mark.at_ms),
+        }
     }
 }

@@ -24,7 +24,7 @@
 //! same resolution, selection and decision record.
 
 use super::queries::Queries;
-use super::routing::{DecisionSubject, Target};
+use super::routing::{route_session, DecisionSubject, Target};
 use super::rows::{FenceRow, SessionRow, SessionState};
 use super::{Engine, EngineError};
 use crate::decision::DecisionOutcome;
@@ -281,9 +281,10 @@ impl<S: Store> Engine<S> {
             session: Some(&id),
             event: event_id,
         };
+        let view = self.directory_view(now_ms)?;
         let routed = match row.is_outgoing() {
             true => None,
-            false => self.route_session(row, now_ms)?,
+            false => route_session(&view, row, now_ms),
         };
         if let Some(target) = routed.as_ref().and_then(|r| r.target()) {
             let ids = q.counters(&["epoch", "decision"], &[])?;
@@ -299,6 +300,7 @@ impl<S: Store> Engine<S> {
                 ),
             };
             self.record_decision(
+                &view,
                 Some(decision),
                 subject,
                 routed.as_ref(),
@@ -321,7 +323,13 @@ impl<S: Store> Engine<S> {
             }
         };
         if record {
-            self.record_unassigned(subject, routed.as_ref(), DecisionOutcome::Pending, now_ms)?;
+            self.record_unassigned(
+                &view,
+                subject,
+                routed.as_ref(),
+                DecisionOutcome::Pending,
+                now_ms,
+            )?;
         }
         Ok(Placed::Parked(reason))
     }

@@ -2,6 +2,7 @@
 //! the epoch and attempt it was sent under (SPEC §7.6–7.7).
 
 use super::ingress::{delivered, Delivered};
+use super::marks::{ForwardMark, ForwardResult};
 use super::ownership::{Owned, Ownership, PendingReason, Placeable, Placed};
 use super::rows::{event_state as st, EventRow};
 use super::{Engine, EngineError, Forward};
@@ -146,7 +147,11 @@ impl<S: Store> Engine<S> {
                     _ => (None, None),
                 };
                 q.mark_delivered(&event.event_id, status, body, now_ms)?;
-                q.mark_delivery(&node, now_ms)?;
+                self.apply_forward_mark(&ForwardMark::new(
+                    &node,
+                    ForwardResult::Delivered,
+                    now_ms,
+                ))?;
                 return Ok(ReportEffect::Delivered(Delivered {
                     delivered_to: node,
                     epoch: report.epoch,
@@ -157,7 +162,7 @@ impl<S: Store> Engine<S> {
                 // An older attempt, or one already settled: the newer state stands.
                 return Ok(ReportEffect::Unknown);
             }
-            q.mark_failure(&node, now_ms)?;
+            self.apply_forward_mark(&ForwardMark::new(&node, ForwardResult::Failed, now_ms))?;
             let session = Ownership::of(session);
             if class == OutcomeClass::NotDelivered {
                 if let Ownership::Owned(owned) = session {

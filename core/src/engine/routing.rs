@@ -1,8 +1,10 @@
-//! Routing: resolve the policy, select a node, and record the decision with
-//! its evidence. The same code serves live calls, reassignment, the alarm,
-//! the preview and the status view.
+//! Routing: resolve the policy, select a node on the directory's view, and
+//! record the decision with its evidence. The same code serves live calls,
+//! reassignment, the alarm, the preview and the status view. Resolution and
+//! selection are pure functions of a [`DirectoryView`]: they read no table.
 
 use super::rows::SessionRow;
+use super::view::DirectoryView;
 use super::{Engine, EngineError};
 use crate::decision::{Decision, DecisionOutcome};
 use crate::eligibility::{self, LineRef};
@@ -13,6 +15,7 @@ use crate::selection::{select, Selection};
 use crate::store::Store;
 use crate::time::format_ms;
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 
 /// Where a session is assigned: the node and its registered origin.
 pub(crate) struct Target {
@@ -51,107 +54,114 @@ pub(crate) struct DecisionSubject<'a> {
     pub event: Option<&'a str>,
 }
 
+/// Resolves and selects for a call from `caller` to `called` (both already
+/// normalised) on the directory's `view`. `None` when the policy or the
+/// registry is absent. `except` is the session being decided, which never
+/// counts against a node's capacity.
+pub(crate) fn route(
+    view: &DirectoryView,
+    caller: Option<&str>,
+    called: Option<&str>,
+    except: Option<&SessionRow>,
+    now_ms: i64,
+) -> Option<Routed> {
+    let (Some((policy_revision, policy)), Some((nodes_revision, registry))) =
+        (&view.policy, &view.registry)
+    else {
+        return None;
+    };
+    Some(route_under(
+        (*policy_revision, policy),
+        (*nodes_revision, registry),
+        view,
+        caller,
+        called,
+        except,
+        now_ms,
+    ))
+}
+
+/// [`route`] under a given policy and registry (the preview of a draft
+/// policy uses the one being edited instead of the one in force), with the
+/// nodes' states of `view`.
+pub(crate) fn route_under(
+    (policy_revision, policy): (u64, &RoutingPolicy),
+    (nodes_revision, registry): (u64, &NodeRegistry),
+    view: &DirectoryView,
+    caller: Option<&str>,
+    called: Option<&str>,
+    except: Option<&SessionRow>,
+    now_ms: i64,
+) -> Routed {
+    let resolution = policy.resolve(caller, called, now_ms);
+    let line = called
+        .and_then(|to| policy.line_for(to))
+        .map(|(line_id, line)| LineRef {
+            line_id,
+            called_number: &line.called_number,
+        });
+    let mut chosen_beat = None;
+    let selected = select(
+        &resolution,
+        &policy.default_node,
+        registry,
+        |node, candidacy| {
+            let state = view.node(node, except).unwrap_or_default();
+            let reasons = eligibility::check(
+                &state.facts(registry.nodes.get(node)),
+                candidacy,
+                line,
+                now_ms,
+            );
+            if reasons.is_empty() {
+                chosen_beat = state.beat.clone();
+            }
+            Ok::<_, Infallible>(reasons)
+        },
+    );
+    let selection = match selected {
+        Ok(selection) => selection,
+        Err(never) => match never {},
+    };
+    Routed {
+        chosen_origin: selection
+            .chosen
+            .as_ref()
+            .and_then(|n| registry.nodes.get(n))
+            .map(|e| e.origin_url.clone()),
+        chosen_clean: chosen_beat.as_ref().map(|b| !b.heartbeat.dirty),
+        chosen_sha: chosen_beat.map(|b| b.heartbeat.sha.clone()),
+        resolution,
+        selection,
+        policy_revision,
+        nodes_revision,
+    }
+}
+
+/// Routes an existing session by the numbers of its first event; the
+/// session never counts against a node's capacity in its own decision.
+pub(crate) fn route_session(
+    view: &DirectoryView,
+    session: &SessionRow,
+    now_ms: i64,
+) -> Option<Routed> {
+    route(
+        view,
+        session.caller.as_deref(),
+        session.called.as_deref(),
+        Some(session),
+        now_ms,
+    )
+}
+
 impl<S: Store> Engine<S> {
-    /// Resolves and selects for a call from `caller` to `called` (both already
-    /// normalised). `None` when the policy or the registry is absent.
-    /// `except` is the session being decided, which never counts against a
-    /// node's capacity.
-    pub(crate) fn route(
-        &self,
-        caller: Option<&str>,
-        called: Option<&str>,
-        except: Option<&SessionRow>,
-        now_ms: i64,
-    ) -> Result<Option<Routed>, EngineError> {
-        let (Some((policy_revision, policy)), Some((nodes_revision, registry))) =
-            (self.policy()?, self.registry()?)
-        else {
-            return Ok(None);
-        };
-        self.route_under(
-            (policy_revision, &*policy),
-            (nodes_revision, &*registry),
-            caller,
-            called,
-            except,
-            now_ms,
-        )
-        .map(Some)
-    }
-
-    /// [`Self::route`] under a given policy and registry (the preview of a
-    /// draft policy uses the one being edited instead of the one in force).
-    pub(crate) fn route_under(
-        &self,
-        (policy_revision, policy): (u64, &RoutingPolicy),
-        (nodes_revision, registry): (u64, &NodeRegistry),
-        caller: Option<&str>,
-        called: Option<&str>,
-        except: Option<&SessionRow>,
-        now_ms: i64,
-    ) -> Result<Routed, EngineError> {
-        let resolution = policy.resolve(caller, called, now_ms);
-        let line = called
-            .and_then(|to| policy.line_for(to))
-            .map(|(line_id, line)| LineRef {
-                line_id,
-                called_number: &line.called_number,
-            });
-        let mut chosen_beat = None;
-        let selection = select(
-            &resolution,
-            &policy.default_node,
-            registry,
-            |node, candidacy| {
-                let state = self.node_state(node, except)?;
-                let reasons = eligibility::check(
-                    &state.facts(registry.nodes.get(node)),
-                    candidacy,
-                    line,
-                    now_ms,
-                );
-                if reasons.is_empty() {
-                    chosen_beat = state.beat.clone();
-                }
-                Ok::<_, EngineError>(reasons)
-            },
-        )?;
-        Ok(Routed {
-            chosen_origin: selection
-                .chosen
-                .as_ref()
-                .and_then(|n| registry.nodes.get(n))
-                .map(|e| e.origin_url.clone()),
-            chosen_clean: chosen_beat.as_ref().map(|b| !b.heartbeat.dirty),
-            chosen_sha: chosen_beat.map(|b| b.heartbeat.sha.clone()),
-            resolution,
-            selection,
-            policy_revision,
-            nodes_revision,
-        })
-    }
-
-    /// Routes an existing session by the numbers of its first event; the
-    /// session never counts against a node's capacity in its own decision.
-    pub(crate) fn route_session(
-        &self,
-        session: &SessionRow,
-        now_ms: i64,
-    ) -> Result<Option<Routed>, EngineError> {
-        self.route(
-            session.caller.as_deref(),
-            session.called.as_deref(),
-            Some(session),
-            now_ms,
-        )
-    }
-
     /// Stores a decision built from a routing answer (or from a claim when
     /// `routed` is `None`) under `id` (drawn now when `None`) and returns
     /// its id.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_decision(
         &self,
+        view: &DirectoryView,
         id: Option<u64>,
         subject: DecisionSubject<'_>,
         routed: Option<&Routed>,
@@ -166,7 +176,7 @@ impl<S: Store> Engine<S> {
         };
         let (claim_sha, claim_clean) = match claim_node {
             Some(node) => {
-                let beat = self.beat(node)?;
+                let beat = view.beat(node);
                 (
                     beat.as_ref().map(|b| b.heartbeat.sha.clone()),
                     beat.as_ref().map(|b| !b.heartbeat.dirty),
@@ -197,8 +207,8 @@ impl<S: Store> Engine<S> {
                 at: format_ms(now_ms),
                 call_session_id: subject.session.map(str::to_owned),
                 event_id: subject.event.map(str::to_owned),
-                policy_revision: self.policy()?.map(|(r, _)| r),
-                nodes_revision: self.registry()?.map(|(r, _)| r),
+                policy_revision: view.policy.as_ref().map(|(r, _)| *r),
+                nodes_revision: view.registry.as_ref().map(|(r, _)| *r),
                 rule: claim_node.map(|_| Rule::Claim),
                 line_id: None,
                 prefers: claim_node.map(str::to_owned),
@@ -227,11 +237,12 @@ impl<S: Store> Engine<S> {
     /// Records a decision that gave nobody the call (`pending`, `rejected`).
     pub(crate) fn record_unassigned(
         &self,
+        view: &DirectoryView,
         subject: DecisionSubject<'_>,
         routed: Option<&Routed>,
         outcome: DecisionOutcome,
         now_ms: i64,
     ) -> Result<u64, EngineError> {
-        self.record_decision(None, subject, routed, None, None, outcome, now_ms)
+        self.record_decision(view, None, subject, routed, None, None, outcome, now_ms)
     }
 }

@@ -2,7 +2,9 @@
 //! call's record, the paged reads of calls and of the event ledger (SPEC §9,
 //! §13). Nothing here writes.
 
+use super::routing::{route, route_under};
 use super::rows::event_state as st;
+use super::view::DirectoryView;
 use super::{Engine, EngineError, PreviewRequest};
 use crate::eligibility::{effective_max_calls, Reason};
 use crate::heartbeat::routing_hash;
@@ -61,29 +63,31 @@ impl<S: Store> Engine<S> {
     pub fn preview(&self, req: &PreviewRequest, now_ms: i64) -> Result<Option<Json>, EngineError> {
         let to = req.to.as_deref().and_then(normalise);
         let from = req.from.as_deref().and_then(normalise);
+        let view = self.directory_view(now_ms)?;
         let routed = match &req.policy {
-            None => self.route(from.as_deref(), to.as_deref(), None, now_ms)?,
+            None => route(&view, from.as_deref(), to.as_deref(), None, now_ms),
             Some(draft) => {
-                let Some((nodes_revision, registry)) = self.registry()? else {
+                let Some((nodes_revision, registry)) = &view.registry else {
                     return Ok(None);
                 };
-                let current = self.policy()?;
-                let previous = current.as_ref().map(|(_, p)| p.as_ref());
-                let policy = match crate::policy::validate(draft, &registry, previous, now_ms) {
+                let current = view.policy.as_ref();
+                let previous = current.map(|(_, p)| p.as_ref());
+                let policy = match crate::policy::validate(draft, registry, previous, now_ms) {
                     Ok(policy) => policy,
                     Err(problems) => {
                         return Ok(Some(json!({ "draft": true, "draft_problems": problems })))
                     }
                 };
-                let base = current.as_ref().map_or(0, |(r, _)| *r);
-                Some(self.route_under(
+                let base = current.map_or(0, |(r, _)| *r);
+                Some(route_under(
                     (base, &policy),
-                    (nodes_revision, &registry),
+                    (*nodes_revision, registry),
+                    &view,
                     from.as_deref(),
                     to.as_deref(),
                     None,
                     now_ms,
-                )?)
+                ))
             }
         };
         let Some(routed) = routed else {
@@ -199,12 +203,12 @@ impl<S: Store> Engine<S> {
     /// now: to each line of `policy`, then (`line_id` null) to any other
     /// number.
     fn override_next_calls(
-        &self,
+        view: &DirectoryView,
         policy: &RoutingPolicy,
         caller: &str,
         prefers: &str,
         now_ms: i64,
-    ) -> Result<Vec<Json>, EngineError> {
+    ) -> Vec<Json> {
         let called = policy
             .by_line
             .iter()
@@ -212,7 +216,7 @@ impl<S: Store> Engine<S> {
             .chain([(None, None)]);
         let mut out = Vec::new();
         for (line_id, to) in called {
-            let Some(routed) = self.route(Some(caller), to, None, now_ms)? else {
+            let Some(routed) = route(view, Some(caller), to, None, now_ms) else {
                 break;
             };
             let target = routed.selection.chosen;
@@ -223,20 +227,20 @@ impl<S: Store> Engine<S> {
                 "reasons": reasons_json(&routed.selection.reasons),
             }));
         }
-        Ok(out)
+        out
     }
 
     /// `GET /v1/status`: the panel contract.
     pub fn status(&self, now_ms: i64) -> Result<Json, EngineError> {
-        let policy = self.policy()?;
-        let registry = self.registry()?;
+        let view = self.directory_view(now_ms)?;
+        let (policy, registry) = (&view.policy, &view.registry);
         let q = self.q();
         let last_webhook = q.counter("last_webhook_at")?;
         let last_webhook_at = (last_webhook > 0).then(|| format_ms(last_webhook));
         let mut lines = Vec::new();
         if let Some((_, p)) = &policy {
             for (line_id, line) in &p.by_line {
-                let routed = self.route(None, Some(&line.called_number), None, now_ms)?;
+                let routed = route(&view, None, Some(&line.called_number), None, now_ms);
                 let (target, reasons) = match &routed {
                     Some(r) => (
                         r.selection.chosen.clone(),
@@ -256,13 +260,13 @@ impl<S: Store> Engine<S> {
             }
         }
         let mut nodes = Vec::new();
-        if let Some((_, r)) = &registry {
-            for (node, state) in self.all_node_states()? {
-                let entry = r.nodes.get(&node);
-                let reasons = self.general_reasons(&node, &state, now_ms)?;
+        if let Some((_, r)) = registry {
+            for (node, state) in view.nodes() {
+                let entry = r.nodes.get(node);
+                let reasons = view.general_reasons(node, now_ms);
                 let hb = state.beat.as_ref().map(|b| &b.heartbeat);
                 let stale = reasons.contains(&Reason::HeartbeatStale);
-                let regressions = q.seq_regressions(&node)?;
+                let regressions = q.seq_regressions(node)?;
                 nodes.push(json!({
                     "node": node,
                     "role": entry.map(|e| e.role),
@@ -295,7 +299,13 @@ impl<S: Store> Engine<S> {
             for (caller, o) in &p.by_caller {
                 let expired = o.expires_at_ms <= now_ms;
                 let next_calls = if within && !expired {
-                    Json::Array(self.override_next_calls(p, caller, &o.preferred_node, now_ms)?)
+                    Json::Array(Self::override_next_calls(
+                        &view,
+                        p,
+                        caller,
+                        &o.preferred_node,
+                        now_ms,
+                    ))
                 } else {
                     Json::Null
                 };

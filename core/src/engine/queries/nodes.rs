@@ -3,6 +3,7 @@
 use super::{int, text, LastBeat, NodeRow, Queries};
 use crate::engine::EngineError;
 use crate::store::{Store, Value};
+use std::collections::BTreeMap;
 
 /// A node's forward health and maintained open-call count: two primary-key
 /// reads, whatever the number of open calls.
@@ -10,6 +11,13 @@ pub(super) const NODE_FACTS: &str =
     "SELECT (SELECT last_failure_at FROM node_health WHERE node = ?1), \
     (SELECT last_delivery_at FROM node_health WHERE node = ?1), \
     (SELECT open_calls FROM node_load WHERE node = ?1)";
+
+/// [`NODE_FACTS`] for every node at once.
+pub(super) const ALL_NODE_FACTS: &str =
+    "SELECT n.node, h.last_failure_at, h.last_delivery_at, l.open_calls \
+    FROM (SELECT node FROM node_health UNION SELECT node FROM node_load) AS n \
+    LEFT JOIN node_health AS h ON h.node = n.node \
+    LEFT JOIN node_load AS l ON l.node = n.node";
 
 impl<S: Store> Queries<'_, S> {
     pub(crate) fn last_beat(&self, node: &str) -> Result<Option<LastBeat>, EngineError> {
@@ -80,6 +88,26 @@ impl<S: Store> Queries<'_, S> {
             last_delivery_at_ms: int(&row, 1),
             open_calls: int(&row, 2).unwrap_or(0),
         })
+    }
+
+    /// The forward health and open calls of every node that has either, in
+    /// one read (the directory's view; a node with neither is absent).
+    pub(crate) fn all_nodes(&self) -> Result<BTreeMap<String, NodeRow>, EngineError> {
+        let rows = self.run(ALL_NODE_FACTS, &[])?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let node = text(row, 0)?;
+                Some((
+                    node,
+                    NodeRow {
+                        last_failure_at_ms: int(row, 1),
+                        last_delivery_at_ms: int(row, 2),
+                        open_calls: int(row, 3).unwrap_or(0),
+                    },
+                ))
+            })
+            .collect())
     }
 
     /// Records a forward failure (`recent_forward_failure` for 30 s).
