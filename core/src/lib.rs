@@ -92,16 +92,20 @@
 
 pub mod admission;
 pub mod assertion;
+pub mod config;
 pub mod decision;
 pub mod delivery;
+pub mod directory;
 pub mod document;
 pub mod edge_hosts;
 pub mod eligibility;
 pub mod encoding;
 pub mod engine;
+pub mod error;
 pub mod fence;
 pub mod heartbeat;
 pub mod media;
+pub mod messages;
 pub mod metrics;
 pub mod node_auth;
 pub mod number;
@@ -114,6 +118,7 @@ pub mod rate;
 pub mod refusal;
 pub mod registry;
 pub mod selection;
+pub mod shard;
 pub mod store;
 pub mod telnyx;
 pub mod time;

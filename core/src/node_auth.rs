@@ -155,6 +155,19 @@ pub fn verify(
     Ok(node.to_string())
 }
 
+/// The node a node-signed request comes from, and the key id it was signed
+/// with (`Callfence-Node`, `Callfence-Key-Id`), already verified by the
+/// Worker against its key cache. Every node operation re-checks the pair
+/// against the current registry in its own unit: the cache may lag a
+/// registry change, and a removed key is refused (`unknown_node_key`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller<'a> {
+    /// The node id.
+    pub node: &'a str,
+    /// The key id.
+    pub kid: &'a str,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -123,12 +123,12 @@ impl DurableObject for Dispatcher {
                 delivered
             }
             #[cfg(feature = "testing")]
-            Served::WritesOnlyDeliver { id, node } => {
+            Served::WritesOnlyDeliver { id } => {
                 // Yield to the event loop, as a forward does, so the first
                 // unit commits on its own before the second.
                 worker::Delay::from(std::time::Duration::ZERO).await;
                 self.engine
-                    .writes_only_deliver(&id, &node, now_ms())
+                    .writes_only_deliver(&id, now_ms())
                     .map_err(rust_error)?;
                 (
                     protocol::encode_done(&serde_json::json!({"written": true})),

@@ -50,8 +50,6 @@ pub enum Served {
     WritesOnlyDeliver {
         /// The call.
         id: String,
-        /// Its node.
-        node: String,
     },
 }
 
@@ -266,10 +264,7 @@ pub fn serve<S: Store>(
         } => {
             let body = String::from_utf8_lossy(payload);
             engine.writes_only_assign(id, node, origin_url, &body, now_ms)?;
-            return Ok(Served::WritesOnlyDeliver {
-                id: id.clone(),
-                node: node.clone(),
-            });
+            return Ok(Served::WritesOnlyDeliver { id: id.clone() });
         }
     };
     Ok(Served::Reply(

@@ -9,10 +9,14 @@
 //! nothing awaited in between. On the Durable Object that makes them one
 //! implicit transaction; [`Store::atomically`] lets the rusqlite backend wrap
 //! them in a real one.
+//!
+//! A directory and a call shard in one object share one database: each
+//! machine holds an `Rc` of the same store ([`Store`] for `Rc<S>`).
 
 #[cfg(not(target_arch = "wasm32"))]
 pub mod sqlite;
 
+pub(crate) mod queries;
 mod value;
 
 pub use value::{Row, Value};
@@ -41,6 +45,19 @@ pub trait Store {
         work: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
         work()
+    }
+}
+
+impl<S: Store + ?Sized> Store for std::rc::Rc<S> {
+    fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
+        (**self).exec(sql, params)
+    }
+
+    fn atomically<T, E: From<StoreError>>(
+        &self,
+        work: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        (**self).atomically(work)
     }
 }
 

@@ -1,12 +1,12 @@
-//! Forward marks: what a call shard tells the directory after a forward
+//! [`ForwardMark`]: how a forward ended, sent call shard to directory
 //! (SPEC §16: forward-failure marks are the directory's, and eligibility
 //! reads them in every shard).
 //!
-//! The shard side never writes the directory's forward health itself: a
-//! report that delivered or failed makes a [`ForwardMark`] and the
-//! directory applies it ([`crate::engine::Engine`]'s directory side). Today
-//! it is applied in the report's own unit, before any re-placement reads the
-//! view, so behaviour is unchanged; between objects it is one small message.
+//! A shard never writes the directory's forward health: a report that
+//! failed makes a mark, and so does a delivery to a node the shard knows
+//! as failing (a delivery to a healthy node changes no eligibility and is
+//! not sent). The shard decides on its own marks at once, before the
+//! directory has them.
 
 use serde::{Deserialize, Serialize};
 
@@ -24,9 +24,10 @@ pub enum ForwardResult {
     Failed,
 }
 
-/// One forward's end, for the directory. Idempotent: applying the same mark
-/// again stores the same row (it sets the node's last delivery or failure
-/// time to `at_ms`), so a retried send changes nothing.
+/// One forward's end, for the directory. Idempotent and commutative: a mark
+/// raises the node's last delivery or failure time to `at_ms` and never
+/// lowers it, so a mark sent twice, late or out of order changes nothing
+/// more than once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForwardMark {
     /// [`MARK_VERSION`].

@@ -2,10 +2,10 @@
 //! the epoch and attempt it was sent under (SPEC §7.6–7.7).
 
 use super::ingress::{delivered, Delivered};
-use super::marks::{ForwardMark, ForwardResult};
 use super::ownership::{Owned, Ownership, PendingReason, Placeable, Placed};
 use super::rows::{event_state as st, EventRow};
-use super::{Engine, EngineError, Forward};
+use super::{CallShard, EngineError, Forward};
+use crate::messages::ForwardResult;
 use crate::outcome::{classify, truncate_body, OriginAnswer, OutcomeClass};
 use crate::store::Store;
 use serde::{Deserialize, Serialize};
@@ -117,7 +117,7 @@ pub enum ReportEffect {
     Parked(PendingReason),
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> CallShard<S> {
     /// Applies one attempt's outcome. Only a report for the session's
     /// current epoch changes anything; only the latest attempt's non-delivery
     /// counts.
@@ -147,11 +147,7 @@ impl<S: Store> Engine<S> {
                     _ => (None, None),
                 };
                 q.mark_delivered(&event.event_id, status, body, now_ms)?;
-                self.apply_forward_mark(&ForwardMark::new(
-                    &node,
-                    ForwardResult::Delivered,
-                    now_ms,
-                ))?;
+                self.mark(&node, ForwardResult::Delivered, now_ms);
                 return Ok(ReportEffect::Delivered(Delivered {
                     delivered_to: node,
                     epoch: report.epoch,
@@ -162,7 +158,7 @@ impl<S: Store> Engine<S> {
                 // An older attempt, or one already settled: the newer state stands.
                 return Ok(ReportEffect::Unknown);
             }
-            self.apply_forward_mark(&ForwardMark::new(&node, ForwardResult::Failed, now_ms))?;
+            self.mark(&node, ForwardResult::Failed, now_ms);
             let session = Ownership::of(session);
             if class == OutcomeClass::NotDelivered {
                 if let Ownership::Owned(owned) = session {

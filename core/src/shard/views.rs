@@ -4,8 +4,8 @@
 
 use super::routing::{route, route_under};
 use super::rows::event_state as st;
-use super::view::DirectoryView;
-use super::{Engine, EngineError, PreviewRequest};
+use super::view::ShardView;
+use super::{CallShard, EngineError, PreviewRequest};
 use crate::eligibility::{effective_max_calls, Reason};
 use crate::heartbeat::routing_hash;
 use crate::number::normalise;
@@ -54,7 +54,7 @@ fn reasons_json(reasons: &BTreeMap<String, Vec<Reason>>) -> Json {
     json!(reasons)
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> CallShard<S> {
     /// `POST /v1/routing/preview`: the same resolution and eligibility as a
     /// live call, storing nothing. `None` when there is no policy (or, for a
     /// draft, no registry). With a draft `policy`, resolves under the draft
@@ -63,7 +63,7 @@ impl<S: Store> Engine<S> {
     pub fn preview(&self, req: &PreviewRequest, now_ms: i64) -> Result<Option<Json>, EngineError> {
         let to = req.to.as_deref().and_then(normalise);
         let from = req.from.as_deref().and_then(normalise);
-        let view = self.directory_view(now_ms)?;
+        let view = self.decision_view()?;
         let routed = match &req.policy {
             None => route(&view, from.as_deref(), to.as_deref(), None, now_ms),
             Some(draft) => {
@@ -203,7 +203,7 @@ impl<S: Store> Engine<S> {
     /// now: to each line of `policy`, then (`line_id` null) to any other
     /// number.
     fn override_next_calls(
-        view: &DirectoryView,
+        view: &ShardView,
         policy: &RoutingPolicy,
         caller: &str,
         prefers: &str,
@@ -232,7 +232,7 @@ impl<S: Store> Engine<S> {
 
     /// `GET /v1/status`: the panel contract.
     pub fn status(&self, now_ms: i64) -> Result<Json, EngineError> {
-        let view = self.directory_view(now_ms)?;
+        let view = self.decision_view()?;
         let (policy, registry) = (&view.policy, &view.registry);
         let q = self.q();
         let last_webhook = q.counter("last_webhook_at")?;
@@ -266,7 +266,7 @@ impl<S: Store> Engine<S> {
                 let reasons = view.general_reasons(node, now_ms);
                 let hb = state.beat.as_ref().map(|b| &b.heartbeat);
                 let stale = reasons.contains(&Reason::HeartbeatStale);
-                let regressions = q.seq_regressions(node)?;
+                let regressions = state.seq_regressions;
                 nodes.push(json!({
                     "node": node,
                     "role": entry.map(|e| e.role),

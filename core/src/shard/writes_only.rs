@@ -13,21 +13,21 @@
 
 use super::queries::{NewEvent, NewSession};
 use super::rows::event_state as st;
-use super::{Engine, EngineError};
+use super::{CallShard, EngineError};
 use crate::store::Store;
 
 /// The decision body written for each assignment: a real decision's shape
 /// and size, with fixed evidence (no decision is made).
 const DECISION_BODY: &str = r#"{"decision_id":0,"at":"2026-12-02T00:00:00.000Z","call_session_id":"bench","event_id":"bench","policy_revision":1,"nodes_revision":1,"rule":"default_node","line_id":null,"prefers":"M1","chosen":"M1","chosen_sha":"9b4082d1c0ffee00112233445566778899aabbcc","chosen_clean":true,"epoch":1,"reasons":[],"outcome":"assigned"}"#;
 
-impl<S: Store> Engine<S> {
+impl<S: Store> CallShard<S> {
     /// The first unit: what a new inbound call `id` assigned to `node` (at
     /// `origin_url`) writes: the ledger's counters, the session, its leg,
     /// the epoch and decision counters, the ownership, the decision and the
     /// event, with `body` as the event's body. The caller then awaits (on
     /// the Durable Object, so that the unit commits on its own, as the
     /// decision does before its forward) and calls
-    /// [`Engine::writes_only_deliver`].
+    /// [`CallShard::writes_only_deliver`].
     pub fn writes_only_assign(
         &self,
         id: &str,
@@ -73,24 +73,16 @@ impl<S: Store> Engine<S> {
 
     /// The second unit: what the delivery report of call `id` writes (the
     /// event delivered, the node's forward health).
-    pub fn writes_only_deliver(
-        &self,
-        id: &str,
-        node: &str,
-        now_ms: i64,
-    ) -> Result<(), EngineError> {
+    pub fn writes_only_deliver(&self, id: &str, now_ms: i64) -> Result<(), EngineError> {
         let q = self.q();
-        self.unit(|| {
-            q.mark_delivered(id, Some(200), Some(r#"{"ok":true}"#.to_owned()), now_ms)?;
-            q.mark_delivery(node, now_ms)
-        })
+        self.unit(|| q.mark_delivered(id, Some(200), Some(r#"{"ok":true}"#.to_owned()), now_ms))
     }
 }
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests {
     use super::*;
-    use crate::engine::EngineConfig;
+    use crate::config::EngineConfig;
     use crate::store::sqlite::SqliteStore;
     use crate::store::{migrate, StoreError, Value};
     use std::cell::RefCell;
@@ -116,20 +108,20 @@ mod tests {
     }
 
     #[test]
-    fn it_writes_a_delivered_assigned_call_in_nine_writes() {
+    fn it_writes_a_delivered_assigned_call_in_eight_writes() {
         let store = Recording {
             inner: SqliteStore::in_memory().unwrap(),
             sql: RefCell::new(Vec::new()),
         };
         migrate(&store, 0).unwrap();
-        let engine = Engine::new(store, EngineConfig::default());
+        let engine = CallShard::new(store, EngineConfig::default());
         engine.store().sql.borrow_mut().clear();
         engine
             .writes_only_assign("s1", "M1", "https://m1.example/t", "{}", 1_000)
             .unwrap();
-        engine.writes_only_deliver("s1", "M1", 1_001).unwrap();
+        engine.writes_only_deliver("s1", 1_001).unwrap();
         let sql = engine.store().sql.borrow().clone();
-        assert_eq!(sql.len(), 9, "{sql:#?}");
+        assert_eq!(sql.len(), 8, "{sql:#?}");
         assert!(sql.iter().all(|s| !s.starts_with("SELECT")), "{sql:#?}");
         let call = engine.call("s1").unwrap().expect("the session exists");
         let text = serde_json::to_string(&call).unwrap();

@@ -1,7 +1,7 @@
 //! Documents: the node registry and routing policy, stored by revision with
 //! compare-and-set (SPEC §4).
 
-use super::{Engine, EngineError};
+use super::{Directory, EngineError};
 use crate::document::{expected_revision, DocKind, PreconditionError};
 use crate::policy::{CallerOverride, Line, RoutingPolicy};
 use crate::problem::Problem;
@@ -54,7 +54,7 @@ impl From<crate::store::StoreError> for DocError {
     }
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> Directory<S> {
     /// The newest revision of a document and its stored body.
     pub(super) fn latest_document(
         &self,
@@ -98,12 +98,15 @@ impl<S: Store> Engine<S> {
 
     /// `PUT /v1/policy` and `PUT /v1/nodes`: validates, checks the revision
     /// precondition and stores revision N+1. Returns the new revision.
+    /// `open_calls` is the shards' open calls per node: a registry that
+    /// removes a node, or a key of it, while it has any is `node_in_use`.
     pub fn put_document(
         &self,
         kind: DocKind,
         body: &[u8],
         if_match: Option<&str>,
         writer_fp: &str,
+        open_calls: &BTreeMap<String, u32>,
         now_ms: i64,
     ) -> Result<u64, DocError> {
         let doc: Json = serde_json::from_slice(body).map_err(|_| DocError::InvalidJson)?;
@@ -122,7 +125,7 @@ impl<S: Store> Engine<S> {
                 });
             }
             let canonical = match kind {
-                DocKind::Nodes => self.validate_registry(&doc)?,
+                DocKind::Nodes => self.validate_registry(&doc, open_calls)?,
                 DocKind::Policy => self.validate_policy(&doc, now_ms)?,
             };
             let next = current + 1;
@@ -139,13 +142,17 @@ impl<S: Store> Engine<S> {
                 KEPT_REVISIONS,
                 now_ms,
             )?;
-            self.invalidate(kind);
+            self.invalidate(kind, now_ms);
             Ok(next)
         })
     }
 
-    fn validate_registry(&self, doc: &Json) -> Result<Json, DocError> {
-        let registry = crate::registry::validate(doc, self.config.allow_plaintext)
+    fn validate_registry(
+        &self,
+        doc: &Json,
+        open_calls: &BTreeMap<String, u32>,
+    ) -> Result<Json, DocError> {
+        let registry = crate::registry::validate(doc, self.allow_plaintext)
             .map_err(DocError::InvalidDocument)?;
         if let Some((policy_rev, policy)) = self.policy()? {
             let missing: Vec<Problem> = policy
@@ -167,7 +174,7 @@ impl<S: Store> Engine<S> {
                     None => true,
                     Some(next) => entry.keys.keys().any(|kid| !next.keys.contains_key(kid)),
                 };
-                if removed && self.node_state(node, None)?.open_calls > 0 {
+                if removed && open_calls.get(node).is_some_and(|n| *n > 0) {
                     return Err(DocError::NodeInUse { node: node.clone() });
                 }
             }

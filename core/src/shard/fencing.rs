@@ -4,15 +4,15 @@
 //! token bucket, and by `SESSION_CAP`; a refused claim stores no session
 //! and evicts nothing (only an admitted one moves the node's bucket).
 
-use super::nodes::Caller;
 use super::ownership::Ownership;
 use super::queries::NewSession;
 use super::routing::{DecisionSubject, Target};
 use super::rows::{SessionRow, SessionState};
-use super::{ClaimRequest, Engine, EngineError, FenceRequest};
+use super::{CallShard, ClaimRequest, EngineError, FenceRequest};
 use crate::decision::DecisionOutcome;
 use crate::fence::command_id;
 use crate::media::{self, MediaClaims, MediaError, MediaKeys};
+use crate::node_auth::Caller;
 use crate::rate;
 use crate::store::Store;
 use crate::time::format_ms;
@@ -79,7 +79,7 @@ pub enum MediaReply {
     UnknownNodeKey,
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> CallShard<S> {
     /// `POST /v1/fence` from `caller` (signature already verified).
     pub fn handle_fence(
         &self,
@@ -90,7 +90,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<FenceReply, EngineError> {
         let node = caller.node;
         self.unit(|| {
-            if !self.key_in_force(caller)? {
+            if !self.view.borrow().key_in_force(caller.node, caller.kid) {
                 return Ok(FenceReply::UnknownNodeKey);
             }
             let found = self
@@ -151,7 +151,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<ClaimReply, EngineError> {
         let node = caller.node;
         let reply = self.unit(|| {
-            let view = self.directory_view(now_ms)?;
+            let view = self.decision_view()?;
             if !view.key_in_force(caller.node, caller.kid) {
                 return Ok::<_, EngineError>(ClaimReply::NotRegistered);
             }
@@ -263,7 +263,7 @@ impl<S: Store> Engine<S> {
         keys: &MediaKeys,
         now_ms: i64,
     ) -> Result<MediaReply, EngineError> {
-        if !self.key_in_force(caller)? {
+        if !self.view.borrow().key_in_force(caller.node, caller.kid) {
             return Ok(MediaReply::UnknownNodeKey);
         }
         let node = caller.node;

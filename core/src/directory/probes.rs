@@ -3,7 +3,7 @@
 //! The only state a probe leaves is the time of the node's last admitted
 //! probe (counter `probe_at:<node>`): no call, event or decision.
 
-use super::{Engine, EngineError};
+use super::{Directory, EngineError};
 use crate::probe;
 use crate::store::Store;
 
@@ -24,7 +24,7 @@ pub enum ProbeAdmission {
     UnknownNode,
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> Directory<S> {
     /// Admits one probe of `node` at `now_ms`, or refuses it under the rate
     /// limit. An admitted probe records its time; a refused one changes
     /// nothing.

@@ -4,8 +4,8 @@
 //! settled rows only, never by evicting a call in progress (SPEC §9).
 
 use super::{text, NewSession, Queries};
-use crate::engine::rows::{session_at, SessionRow};
-use crate::engine::EngineError;
+use crate::error::EngineError;
+use crate::shard::rows::{session_at, SessionRow};
 use crate::store::{Store, Value};
 
 /// `DELETE FROM sessions` of the oldest settled sessions beyond the first
@@ -35,7 +35,7 @@ impl<S: Store> Queries<'_, S> {
     pub(crate) fn prune(
         &self,
         horizon_ms: i64,
-        caps: &crate::engine::alarm::RowCaps,
+        caps: &crate::shard::alarm::RowCaps,
     ) -> Result<(), EngineError> {
         let horizon = Value::Int(horizon_ms);
         let aged = self.run(

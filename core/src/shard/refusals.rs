@@ -4,7 +4,7 @@
 //! (a restart starts them at zero, as a Prometheus counter may); the status
 //! view shows them.
 
-use super::Engine;
+use super::CallShard;
 use crate::store::Store;
 use serde::Serialize;
 
@@ -20,7 +20,7 @@ pub struct Refused {
     pub claims_rate_limited: u64,
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> CallShard<S> {
     /// The refusals counted since this engine started.
     pub fn refused(&self) -> Refused {
         self.refused.get()

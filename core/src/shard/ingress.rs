@@ -9,7 +9,7 @@
 use super::ownership::{Ownership, PendingReason, Placeable, Placed};
 use super::queries::{NewEvent, NewSession};
 use super::rows::{event_state as st, EventRow, Payload, SessionRow};
-use super::{Engine, EngineError, Forward};
+use super::{CallShard, EngineError, Forward};
 use crate::number::normalise;
 use crate::store::Store;
 use crate::telnyx::Envelope;
@@ -49,7 +49,7 @@ pub enum Ingress {
     Unroutable,
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> CallShard<S> {
     /// `POST /v1/telnyx/webhook`, after the Worker verified the signature and
     /// parsed the envelope. `headers` are the Telnyx headers to store with
     /// the first delivery.

@@ -1,11 +1,11 @@
 //! Routing: resolve the policy, select a node on the directory's view, and
 //! record the decision with its evidence. The same code serves live calls,
 //! reassignment, the alarm, the preview and the status view. Resolution and
-//! selection are pure functions of a [`DirectoryView`]: they read no table.
+//! selection are pure functions of a [`ShardView`](super::view::ShardView): they read no table.
 
 use super::rows::SessionRow;
-use super::view::DirectoryView;
-use super::{Engine, EngineError};
+use super::view::ShardView;
+use super::{CallShard, EngineError};
 use crate::decision::{Decision, DecisionOutcome};
 use crate::eligibility::{self, LineRef};
 use crate::metrics::Count;
@@ -59,7 +59,7 @@ pub(crate) struct DecisionSubject<'a> {
 /// registry is absent. `except` is the session being decided, which never
 /// counts against a node's capacity.
 pub(crate) fn route(
-    view: &DirectoryView,
+    view: &ShardView,
     caller: Option<&str>,
     called: Option<&str>,
     except: Option<&SessionRow>,
@@ -87,7 +87,7 @@ pub(crate) fn route(
 pub(crate) fn route_under(
     (policy_revision, policy): (u64, &RoutingPolicy),
     (nodes_revision, registry): (u64, &NodeRegistry),
-    view: &DirectoryView,
+    view: &ShardView,
     caller: Option<&str>,
     called: Option<&str>,
     except: Option<&SessionRow>,
@@ -140,11 +140,7 @@ pub(crate) fn route_under(
 
 /// Routes an existing session by the numbers of its first event; the
 /// session never counts against a node's capacity in its own decision.
-pub(crate) fn route_session(
-    view: &DirectoryView,
-    session: &SessionRow,
-    now_ms: i64,
-) -> Option<Routed> {
+pub(crate) fn route_session(view: &ShardView, session: &SessionRow, now_ms: i64) -> Option<Routed> {
     route(
         view,
         session.caller.as_deref(),
@@ -154,14 +150,14 @@ pub(crate) fn route_session(
     )
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> CallShard<S> {
     /// Stores a decision built from a routing answer (or from a claim when
     /// `routed` is `None`) under `id` (drawn now when `None`) and returns
     /// its id.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_decision(
         &self,
-        view: &DirectoryView,
+        view: &ShardView,
         id: Option<u64>,
         subject: DecisionSubject<'_>,
         routed: Option<&Routed>,
@@ -237,7 +233,7 @@ impl<S: Store> Engine<S> {
     /// Records a decision that gave nobody the call (`pending`, `rejected`).
     pub(crate) fn record_unassigned(
         &self,
-        view: &DirectoryView,
+        view: &ShardView,
         subject: DecisionSubject<'_>,
         routed: Option<&Routed>,
         outcome: DecisionOutcome,

@@ -1,10 +1,10 @@
 //! The event ledger's statements, and the alarm's facts.
 
 use super::{int, text, AlarmFacts, NewEvent, Queries, Received, ALARM_FACTS};
-use crate::engine::rows::{
+use crate::error::EngineError;
+use crate::shard::rows::{
     event_at, payload_at, session_at, EventRow, Payload, SessionRow, EVENT_COLUMNS, SESSION_COLUMNS,
 };
-use crate::engine::EngineError;
 use crate::store::{Store, Value};
 
 /// What a report is applied to ([`Queries::reported_event`]).

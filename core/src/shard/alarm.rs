@@ -7,7 +7,7 @@
 use super::ownership::{Ownership, Placeable};
 use super::routing::{route_session, DecisionSubject};
 use super::rows::{event_state as st, SessionRow};
-use super::{Engine, EngineError, Forward};
+use super::{CallShard, EngineError, Forward};
 use crate::decision::DecisionOutcome;
 use crate::metrics::{Count, WebhookOutcome};
 use crate::store::Store;
@@ -47,7 +47,7 @@ pub struct AlarmWork {
     pub next_alarm_ms: Option<i64>,
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> CallShard<S> {
     fn max_redrives(&self) -> i64 {
         self.config.timing.redrive_backoff_ms.len() as i64
     }
@@ -63,7 +63,6 @@ impl<S: Store> Engine<S> {
             // Prune before the sweep: what this alarm settles is pruned by a
             // later one, so nothing live when an alarm starts is gone after.
             self.prune(now_ms)?;
-            self.forget_unregistered()?;
             self.sweep(now_ms)?;
             Ok::<_, EngineError>(work)
         })?;
@@ -110,7 +109,7 @@ impl<S: Store> Engine<S> {
         let q = self.q();
         q.set_event_state(event_id, st::REJECTED, now_ms)?;
         self.metrics.stage(Count::Webhook(WebhookOutcome::Rejected));
-        let view = self.directory_view(now_ms)?;
+        let view = self.decision_view()?;
         let routed = route_session(&view, session, now_ms);
         let subject = DecisionSubject {
             session: Some(&session.id),
@@ -161,7 +160,7 @@ impl<S: Store> Engine<S> {
         if owners.is_empty() {
             return Ok(());
         }
-        let view = self.directory_view(now_ms)?;
+        let view = self.decision_view()?;
         for owner in owners {
             let silent_since = match view.beat(&owner) {
                 Some(beat) => beat.valid_until_ms(),

@@ -26,7 +26,7 @@
 use super::queries::Queries;
 use super::routing::{route_session, DecisionSubject, Target};
 use super::rows::{FenceRow, SessionRow, SessionState};
-use super::{Engine, EngineError};
+use super::{CallShard, EngineError};
 use crate::decision::DecisionOutcome;
 use crate::store::Store;
 
@@ -257,7 +257,7 @@ impl Placeable {
     }
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> CallShard<S> {
     /// Resolves the policy for a session and gives it an owner with a new
     /// epoch and an `assigned` (or `reassigned`) decision, or leaves it
     /// unowned with a `pending` decision. An outgoing session is never
@@ -281,7 +281,7 @@ impl<S: Store> Engine<S> {
             session: Some(&id),
             event: event_id,
         };
-        let view = self.directory_view(now_ms)?;
+        let view = self.decision_view()?;
         let routed = match row.is_outgoing() {
             true => None,
             false => route_session(&view, row, now_ms),

@@ -1,33 +1,18 @@
-//! Nodes as the Dispatcher sees them: who is calling (node and key id,
-//! checked against the current registry), accepted heartbeats, forward
-//! health, open-call counts, and the facts eligibility is decided on.
+//! Nodes as the directory sees them: which keys are in force, accepted
+//! heartbeats, and the view every call shard decides on.
 
-use super::marks::{ForwardMark, ForwardResult};
-use super::rows::SessionRow;
-use super::view::{lists_key, DirectoryView, NodeState, VIEW_VERSION};
-use super::{Engine, EngineError};
-use crate::eligibility::{self, Beat, Candidacy};
+use super::{Directory, EngineError};
+use crate::eligibility::{self, Beat, Candidacy, NodeFacts};
 use crate::encoding::sha256_hex;
 use crate::heartbeat;
+use crate::messages::{lists_key, DirectoryView, NodeState, VIEW_VERSION};
+use crate::node_auth::Caller;
 use crate::store::Store;
 use crate::wire::{HeartbeatAnswer, RoutingView};
 use serde::Serialize;
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-
-/// The node a node-signed request comes from, and the key id it was signed
-/// with (`Callfence-Node`, `Callfence-Key-Id`), already verified by the
-/// Worker against its key cache. Every node operation re-checks the pair
-/// against the current registry in its own unit: the cache may lag a
-/// registry change, and a removed key is refused (`unknown_node_key`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller<'a> {
-    /// The node id.
-    pub node: &'a str,
-    /// The key id.
-    pub kid: &'a str,
-}
 
 /// Why a heartbeat was refused; nothing is stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +50,7 @@ pub struct NodeKey {
     pub public_key: String,
 }
 
-impl<S: Store> Engine<S> {
+impl<S: Store> Directory<S> {
     /// Every key of every registered node, and the registry revision.
     pub fn node_keys(&self) -> Result<(u64, Vec<NodeKey>), EngineError> {
         let Some((revision, registry)) = self.registry()? else {
@@ -96,7 +81,9 @@ impl<S: Store> Engine<S> {
     }
 
     /// `POST /v1/nodes/heartbeat`, after the Worker verified the node
-    /// signature. `signed_at_s` is the `Callfence-Timestamp`. One unit: the
+    /// signature. `signed_at_s` is the `Callfence-Timestamp`; `open_calls`
+    /// is the calls the shards have open on the node (its answer's
+    /// `capacity_exhausted` counts them). One unit: the
     /// replay and seq checks and the write cannot be split. A beat refused
     /// `stale_seq` stores nothing of itself, but counts a seq regression
     /// against the node (shown in status): beats that go backwards mean
@@ -106,6 +93,7 @@ impl<S: Store> Engine<S> {
         caller: Caller<'_>,
         signed_at_s: i64,
         body: &[u8],
+        open_calls: u32,
         now_ms: i64,
     ) -> Result<Json, HeartbeatRefusal> {
         let node = caller.node;
@@ -140,10 +128,15 @@ impl<S: Store> Engine<S> {
                 received_at_ms: now_ms,
                 signed_at_ms,
             });
-            let mut state = self.node_state(node, None)?;
-            state.beat = Some(stored.clone());
-            let reasons =
-                eligibility::check(&state.facts(Some(entry)), Candidacy::General, None, now_ms);
+            let health = self.node_health(node)?;
+            let facts = NodeFacts {
+                entry: Some(entry),
+                beat: Some(&stored),
+                open_calls,
+                last_failure_at_ms: health.last_failure_at_ms,
+                last_delivery_at_ms: health.last_delivery_at_ms,
+            };
+            let reasons = eligibility::check(&facts, Candidacy::General, None, now_ms);
             let lines = self
                 .policy()?
                 .map(|(_, p)| p.routing_lines())
@@ -168,6 +161,7 @@ impl<S: Store> Engine<S> {
         });
         if let Err(HeartbeatRefusal::StaleSeq) = &result {
             self.unit(|| self.q().mark_seq_regression(node, now_ms))?;
+            self.changed(now_ms);
         }
         let (answer, stored) = result?;
         if let Some(beat) = stored {
@@ -176,6 +170,7 @@ impl<S: Store> Engine<S> {
                 .borrow_mut()
                 .beats
                 .insert(node.to_owned(), Some(beat));
+            self.changed(now_ms);
         }
         Ok(answer)
     }
@@ -204,72 +199,79 @@ impl<S: Store> Engine<S> {
         Ok(beat)
     }
 
-    /// Everything eligibility needs about a node, except the registry
-    /// entry: its beat, forward health and open calls (a maintained count,
-    /// one indexed read), not counting `except`, the call being decided.
-    pub(crate) fn node_state(
-        &self,
-        node: &str,
-        except: Option<&SessionRow>,
-    ) -> Result<NodeState, EngineError> {
-        let row = self.q().node(node)?;
-        let own = i64::from(except.is_some_and(|s| s.loads(node)));
-        Ok(NodeState {
-            beat: self.beat(node)?,
-            open_calls: (row.open_calls - own).max(0) as u32,
-            last_failure_at_ms: row.last_failure_at_ms,
-            last_delivery_at_ms: row.last_delivery_at_ms,
-        })
+    /// A node's forward health (the cached map, read once).
+    pub(super) fn node_health(&self, node: &str) -> Result<crate::messages::Health, EngineError> {
+        self.load_health()?;
+        Ok(self
+            .cache
+            .borrow()
+            .health
+            .as_ref()
+            .and_then(|h| h.get(node).copied())
+            .unwrap_or_default())
     }
 
-    /// The directory's view as of `now_ms` (SPEC §16): the documents in
-    /// force and every registered node's beat, forward health and open
-    /// calls, in one read besides the cached documents and beats. The shard
-    /// side decides on this and reads no directory table.
-    pub(crate) fn directory_view(&self, now_ms: i64) -> Result<DirectoryView, EngineError> {
+    /// The directory's view (SPEC §16): the documents in force and every
+    /// registered node's beat, forward health and seq regressions. It is
+    /// rebuilt from the caches only after a change, so in steady state
+    /// taking it is one reference count, whatever the number of nodes.
+    pub fn view(&self) -> Result<Rc<DirectoryView>, EngineError> {
+        if let Some(view) = &self.cache.borrow().view {
+            return Ok(view.clone());
+        }
         let registry = self.registry()?;
         let mut nodes = BTreeMap::new();
         if let Some((_, r)) = &registry {
-            let mut rows = self.q().all_nodes()?;
+            let regressions = self.q().all_seq_regressions()?;
             for node in r.nodes.keys() {
-                let row = rows.remove(node).unwrap_or_default();
                 let state = NodeState {
                     beat: self.beat(node)?,
-                    open_calls: row.open_calls.max(0) as u32,
-                    last_failure_at_ms: row.last_failure_at_ms,
-                    last_delivery_at_ms: row.last_delivery_at_ms,
+                    health: self.node_health(node)?,
+                    seq_regressions: regressions.get(node).copied(),
                 };
                 nodes.insert(node.clone(), state);
             }
         }
-        Ok(DirectoryView {
+        let (generation, as_of_ms) = {
+            let cache = self.cache.borrow();
+            (cache.generation, cache.changed_at_ms)
+        };
+        let view = Rc::new(DirectoryView {
             v: VIEW_VERSION,
-            as_of_ms: now_ms,
+            as_of_ms,
+            generation,
             registry,
             policy: self.policy()?,
             nodes,
-        })
+        });
+        self.cache.borrow_mut().view = Some(view.clone());
+        Ok(view)
     }
 
-    /// Forgets the beats and forward health of nodes no longer registered
-    /// (the directory's part of the alarm's retention).
-    pub(crate) fn forget_unregistered(&self) -> Result<(), EngineError> {
+    /// Forgets the beats, forward health and seq regressions of nodes no
+    /// longer registered (the directory's retention, run with the alarm's).
+    pub fn forget_unregistered(&self, now_ms: i64) -> Result<(), EngineError> {
         let q = self.q();
         let registered = self.registry()?.map(|(_, r)| r).unwrap_or_default();
-        for node in q.known_nodes()? {
-            if !registered.nodes.contains_key(&node) {
-                q.forget_node(&node)?;
-                self.cache.borrow_mut().beats.remove(&node);
+        let gone: Vec<String> = q
+            .known_nodes()?
+            .into_iter()
+            .filter(|node| !registered.nodes.contains_key(node))
+            .collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        self.unit(|| gone.iter().try_for_each(|node| q.forget_node(node)))?;
+        {
+            let mut cache = self.cache.borrow_mut();
+            for node in &gone {
+                cache.beats.remove(node);
+                if let Some(health) = &mut cache.health {
+                    health.remove(node);
+                }
             }
         }
+        self.changed(now_ms);
         Ok(())
-    }
-
-    /// Applies a call shard's [`ForwardMark`] to the node's forward health.
-    pub(crate) fn apply_forward_mark(&self, mark: &ForwardMark) -> Result<(), EngineError> {
-        match mark.result {
-            ForwardResult::Delivered => self.q().mark_delivery(&mark.node, mark.at_ms),
-            ForwardResult::Failed => self.q().mark_failure(&mark.node, mark.at_ms),
-        }
     }
 }

@@ -1,8 +1,8 @@
 //! Sessions (every ownership transition's guarded write) and legs.
 
 use super::{text, Queries};
-use crate::engine::rows::{session_at, SessionRow, SESSION_COLUMNS};
-use crate::engine::EngineError;
+use crate::error::EngineError;
+use crate::shard::rows::{session_at, SessionRow, SESSION_COLUMNS};
 use crate::store::{Store, Value};
 
 impl<S: Store> Queries<'_, S> {

@@ -1,0 +1,233 @@
+//! The directory's SQL: heartbeats, forward health, seq regressions and
+//! documents, one named function each, visible only inside the directory.
+//! The probe's times are named counters (`probe_at:<node>`).
+
+use crate::error::EngineError;
+use crate::messages::Health;
+use crate::store::queries::{int, text, Queries};
+use crate::store::{Store, Value};
+use std::collections::BTreeMap;
+
+/// A node's last accepted beat as the replay and seq checks read it.
+pub(in crate::directory) struct LastBeat {
+    pub seq: i64,
+    pub body_sha256: String,
+    pub answer: String,
+}
+
+impl<S: Store> Queries<'_, S> {
+    pub(in crate::directory) fn last_beat(
+        &self,
+        node: &str,
+    ) -> Result<Option<LastBeat>, EngineError> {
+        Ok(self
+            .run(
+                "SELECT seq, body_sha256, answer FROM heartbeats WHERE node = ?",
+                &[node.into()],
+            )?
+            .first()
+            .map(|r| LastBeat {
+                seq: int(r, 0).unwrap_or(0),
+                body_sha256: text(r, 1).unwrap_or_default(),
+                answer: text(r, 2).unwrap_or_default(),
+            }))
+    }
+
+    /// A node's stored beat: (body, received at, signed at).
+    pub(in crate::directory) fn beat(
+        &self,
+        node: &str,
+    ) -> Result<Option<(String, i64, i64)>, EngineError> {
+        Ok(self
+            .run(
+                "SELECT body, received_at, signed_at FROM heartbeats WHERE node = ?",
+                &[node.into()],
+            )?
+            .first()
+            .map(|r| {
+                (
+                    text(r, 0).unwrap_or_default(),
+                    int(r, 1).unwrap_or(0),
+                    int(r, 2).unwrap_or(0),
+                )
+            }))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::directory) fn store_beat(
+        &self,
+        node: &str,
+        seq: u64,
+        body: &str,
+        digest: &str,
+        received_at: i64,
+        signed_at: i64,
+        answer: &str,
+    ) -> Result<(), EngineError> {
+        self.run(
+            "INSERT INTO heartbeats (node, seq, body, body_sha256, received_at, signed_at, answer) VALUES (?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, body = excluded.body, body_sha256 = excluded.body_sha256, \
+             received_at = excluded.received_at, signed_at = excluded.signed_at, answer = excluded.answer",
+            &[
+                node.into(),
+                seq.into(),
+                body.into(),
+                digest.into(),
+                Value::Int(received_at),
+                Value::Int(signed_at),
+                answer.into(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Every node's forward health, in one read.
+    pub(in crate::directory) fn all_health(&self) -> Result<BTreeMap<String, Health>, EngineError> {
+        Ok(self
+            .run(
+                "SELECT node, last_failure_at, last_delivery_at FROM node_health",
+                &[],
+            )?
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    text(r, 0)?,
+                    Health {
+                        last_failure_at_ms: int(r, 1),
+                        last_delivery_at_ms: int(r, 2),
+                    },
+                ))
+            })
+            .collect())
+    }
+
+    /// Stores a node's forward health.
+    pub(in crate::directory) fn store_health(
+        &self,
+        node: &str,
+        health: Health,
+    ) -> Result<(), EngineError> {
+        self.run(
+            "INSERT INTO node_health (node, last_failure_at, last_delivery_at) VALUES (?, ?, ?) \
+             ON CONFLICT (node) DO UPDATE SET last_failure_at = excluded.last_failure_at, \
+             last_delivery_at = excluded.last_delivery_at",
+            &[
+                node.into(),
+                health.last_failure_at_ms.into(),
+                health.last_delivery_at_ms.into(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Counts a heartbeat refused `stale_seq` that was not a re-send.
+    pub(in crate::directory) fn mark_seq_regression(
+        &self,
+        node: &str,
+        now_ms: i64,
+    ) -> Result<(), EngineError> {
+        self.run(
+            "INSERT INTO node_seq_regressions (node, regressions, last_at) VALUES (?, 1, ?) \
+             ON CONFLICT (node) DO UPDATE SET regressions = regressions + 1, last_at = excluded.last_at",
+            &[node.into(), Value::Int(now_ms)],
+        )?;
+        Ok(())
+    }
+
+    /// Every node's seq regressions: (count, time of the last).
+    pub(in crate::directory) fn all_seq_regressions(
+        &self,
+    ) -> Result<BTreeMap<String, (i64, i64)>, EngineError> {
+        Ok(self
+            .run(
+                "SELECT node, regressions, last_at FROM node_seq_regressions",
+                &[],
+            )?
+            .iter()
+            .filter_map(|r| Some((text(r, 0)?, (int(r, 1)?, int(r, 2)?))))
+            .collect())
+    }
+
+    /// Nodes with stored beats, forward health or seq regressions.
+    pub(in crate::directory) fn known_nodes(&self) -> Result<Vec<String>, EngineError> {
+        Ok(self
+            .run(
+                "SELECT node FROM heartbeats UNION SELECT node FROM node_health \
+                 UNION SELECT node FROM node_seq_regressions",
+                &[],
+            )?
+            .iter()
+            .filter_map(|r| text(r, 0))
+            .collect())
+    }
+
+    /// Forgets the beats, forward health and seq regressions of a node no
+    /// longer registered.
+    pub(in crate::directory) fn forget_node(&self, node: &str) -> Result<(), EngineError> {
+        for sql in [
+            "DELETE FROM heartbeats WHERE node = ?",
+            "DELETE FROM node_health WHERE node = ?",
+            "DELETE FROM node_seq_regressions WHERE node = ?",
+        ] {
+            self.run(sql, &[node.into()])?;
+        }
+        Ok(())
+    }
+
+    // ---- documents ---------------------------------------------------------
+
+    /// The newest revision of a document kind and its stored body.
+    pub(in crate::directory) fn latest_document(
+        &self,
+        kind: &str,
+    ) -> Result<Option<(i64, String)>, EngineError> {
+        Ok(self
+            .run(
+                "SELECT revision, body FROM documents WHERE kind = ? ORDER BY revision DESC LIMIT 1",
+                &[kind.into()],
+            )?
+            .first()
+            .and_then(|r| Some((int(r, 0)?, text(r, 1)?))))
+    }
+
+    pub(in crate::directory) fn document(
+        &self,
+        kind: &str,
+        revision: u64,
+    ) -> Result<Option<(i64, String)>, EngineError> {
+        Ok(self
+            .run(
+                "SELECT revision, body FROM documents WHERE kind = ? AND revision = ?",
+                &[kind.into(), revision.into()],
+            )?
+            .first()
+            .and_then(|r| Some((int(r, 0)?, text(r, 1)?))))
+    }
+
+    /// Stores revision `revision` and drops those older than the kept ones.
+    pub(in crate::directory) fn insert_document(
+        &self,
+        kind: &str,
+        revision: u64,
+        body: &str,
+        writer_fp: &str,
+        kept: i64,
+        now_ms: i64,
+    ) -> Result<(), EngineError> {
+        self.run(
+            "INSERT INTO documents (kind, revision, body, written_at, writer_fp) VALUES (?, ?, ?, ?, ?)",
+            &[
+                kind.into(),
+                revision.into(),
+                body.into(),
+                Value::Int(now_ms),
+                writer_fp.into(),
+            ],
+        )?;
+        self.run(
+            "DELETE FROM documents WHERE kind = ? AND revision <= ?",
+            &[kind.into(), Value::Int(revision as i64 - kept)],
+        )?;
+        Ok(())
+    }
+}

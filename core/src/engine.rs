@@ -1,0 +1,348 @@
+//! One object's Dispatcher: a [`Directory`] and a [`CallShard`] over one
+//! database, composed (SPEC §16's `global`, which is the directory and call
+//! shard 0).
+//!
+//! [`Engine`] passes the machines' messages between them synchronously:
+//! before and after every request it drains each machine's output into the
+//! other ([`DirectoryOutput::View`] into the shard, [`ShardOutput::Mark`]
+//! into the directory). Since nothing is awaited in between, every change
+//! the directory acknowledged is in force for the next decision, exactly
+//! as when both were one machine. The simulation drives the two machines
+//! itself instead, with the messages delayed, repeated and reordered.
+//!
+//! The directory needs two facts of the shard: a node's open calls (a
+//! beat's answer says whether its capacity is exhausted) and every node's
+//! open calls (a registry may not remove a node with live calls). The
+//! engine reads them from the shard and passes them in.
+//!
+//! Everything else the Worker uses of either machine is re-exported here.
+
+pub use crate::config::{EngineConfig, Timing, DEFAULT_SESSION_CAP};
+pub use crate::directory::{
+    Cached, DocError, HeartbeatRefusal, NodeKey, ProbeAdmission, KEPT_REVISIONS,
+};
+pub use crate::error::EngineError;
+pub use crate::messages::{DirectoryView, ForwardMark, ForwardResult};
+pub use crate::node_auth::Caller;
+pub use crate::shard::{
+    may_reforward, AlarmWork, BadRequest, ClaimReply, ClaimRequest, Delivered, FenceGrant,
+    FenceRefusal, FenceReply, FenceRequest, Forward, Ingress, MediaRefusal, MediaReply,
+    MediaVerifyRequest, PendingReason, PreviewRequest, Refused, Report, ReportEffect,
+    ReportedAnswer, MAX_HOPS, MIN_REFORWARD_BUDGET_MS, ROWS_PER_SESSION,
+};
+
+use crate::directory::{Directory, DirectoryInput, DirectoryOutput};
+use crate::document::DocKind;
+use crate::media::MediaKeys;
+use crate::metrics::Counters;
+use crate::policy::RoutingPolicy;
+use crate::registry::NodeRegistry;
+use crate::shard::{CallShard, ShardInput, ShardOutput};
+use crate::store::Store;
+use serde_json::Value as Json;
+use std::rc::Rc;
+
+/// The in-memory state of both machines ([`Engine::caches`]).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+#[derive(Clone)]
+pub struct Caches(crate::directory::Caches, crate::shard::Caches);
+
+/// The Dispatcher of one object: see the module documentation.
+pub struct Engine<S: Store> {
+    store: Rc<S>,
+    directory: Directory<Rc<S>>,
+    shard: CallShard<Rc<S>>,
+}
+
+impl<S: Store> Engine<S> {
+    /// An engine over `store`, whose schema must already be migrated.
+    pub fn new(store: S, config: EngineConfig) -> Self {
+        let store = Rc::new(store);
+        Self {
+            directory: Directory::new(store.clone(), config.allow_plaintext),
+            shard: CallShard::new(store.clone(), config),
+            store,
+        }
+    }
+
+    /// The directory.
+    pub fn directory(&self) -> &Directory<Rc<S>> {
+        &self.directory
+    }
+
+    /// The call shard.
+    pub fn shard(&self) -> &CallShard<Rc<S>> {
+        &self.shard
+    }
+
+    /// The metrics counted since this engine started (the shard's: the
+    /// directory counts nothing itself).
+    pub fn metrics(&self) -> &Counters {
+        self.shard.metrics()
+    }
+
+    /// The storage backend. Writes through it bypass the machines' caches.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Gives the store back (to simulate a restart: new machines on the
+    /// same storage start with empty caches).
+    pub fn into_store(self) -> S {
+        let Self {
+            store,
+            directory,
+            shard,
+        } = self;
+        drop((directory, shard));
+        Rc::try_unwrap(store).unwrap_or_else(|_| unreachable!("the machines held the only clones"))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        self.shard.config()
+    }
+
+    /// A copy of both machines' in-memory state. Only the model check uses
+    /// it: it explores many histories on one database, and gives each its
+    /// own caches back with [`Engine::set_caches`].
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn caches(&self) -> Caches {
+        Caches(self.directory.caches(), self.shard.caches())
+    }
+
+    /// Replaces both machines' in-memory state (see [`Engine::caches`]).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn set_caches(&self, caches: Caches) {
+        self.directory.set_caches(caches.0);
+        self.shard.set_caches(caches.1);
+    }
+
+    /// Delivers every pending message: the shard's marks to the directory,
+    /// then the directory's view to the shard.
+    fn settle(&self) -> Result<(), EngineError> {
+        while let Some(ShardOutput::Mark(mark)) = self.shard.poll_output() {
+            self.directory.handle_input(DirectoryInput::Mark(mark))?;
+        }
+        if let Some(DirectoryOutput::View(view)) = self.directory.poll_output()? {
+            self.shard.handle_input(ShardInput::View(view));
+        }
+        Ok(())
+    }
+
+    /// Runs one request of the shard between two settles.
+    fn on_shard<T, E: From<EngineError>>(
+        &self,
+        request: impl FnOnce(&CallShard<Rc<S>>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.settle()?;
+        let out = request(&self.shard);
+        self.settle()?;
+        out
+    }
+
+    /// Runs one request of the directory, then delivers its view.
+    fn on_directory<T, E: From<EngineError>>(
+        &self,
+        request: impl FnOnce(&Directory<Rc<S>>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let out = request(&self.directory);
+        self.settle()?;
+        out
+    }
+
+    // ---- the directory ------------------------------------------------------
+
+    /// The current node registry, if one was ever written.
+    pub fn registry(&self) -> Result<Cached<NodeRegistry>, EngineError> {
+        self.directory.registry()
+    }
+
+    /// The current routing policy, if one was ever written.
+    pub fn policy(&self) -> Result<Cached<RoutingPolicy>, EngineError> {
+        self.directory.policy()
+    }
+
+    /// The current revision of a document kind (0 before any).
+    pub fn revision(&self, kind: DocKind) -> Result<u64, EngineError> {
+        self.directory.revision(kind)
+    }
+
+    /// A document at its latest or a named revision.
+    pub fn get_document(
+        &self,
+        kind: DocKind,
+        revision: Option<u64>,
+    ) -> Result<(u64, Json), DocError> {
+        self.directory.get_document(kind, revision)
+    }
+
+    /// `PUT /v1/policy` and `PUT /v1/nodes` ([`Directory::put_document`]).
+    pub fn put_document(
+        &self,
+        kind: DocKind,
+        body: &[u8],
+        if_match: Option<&str>,
+        writer_fp: &str,
+        now_ms: i64,
+    ) -> Result<u64, DocError> {
+        let open_calls = self.shard.open_calls()?;
+        self.on_directory(|d| d.put_document(kind, body, if_match, writer_fp, &open_calls, now_ms))
+    }
+
+    /// Every key of every registered node, and the registry revision.
+    pub fn node_keys(&self) -> Result<(u64, Vec<NodeKey>), EngineError> {
+        self.directory.node_keys()
+    }
+
+    /// True when `caller`'s node and key id are in the current registry.
+    pub fn key_in_force(&self, caller: Caller<'_>) -> Result<bool, EngineError> {
+        self.directory.key_in_force(caller)
+    }
+
+    /// `POST /v1/nodes/heartbeat` ([`Directory::handle_heartbeat`]).
+    pub fn handle_heartbeat(
+        &self,
+        caller: Caller<'_>,
+        signed_at_s: i64,
+        body: &[u8],
+        now_ms: i64,
+    ) -> Result<Json, HeartbeatRefusal> {
+        let open_calls = self.shard.node_open_calls(caller.node)?;
+        self.on_directory(|d| d.handle_heartbeat(caller, signed_at_s, body, open_calls, now_ms))
+    }
+
+    /// `POST /v1/nodes/probe` ([`Directory::handle_probe`]).
+    pub fn handle_probe(&self, node: &str, now_ms: i64) -> Result<ProbeAdmission, EngineError> {
+        self.directory.handle_probe(node, now_ms)
+    }
+
+    // ---- the call shard ---------------------------------------------------
+
+    /// A verified webhook ([`CallShard::handle_webhook`]).
+    pub fn handle_webhook(
+        &self,
+        envelope: &crate::telnyx::Envelope,
+        body: &str,
+        headers: &[(String, String)],
+        now_ms: i64,
+    ) -> Result<Ingress, EngineError> {
+        self.on_shard(|s| s.handle_webhook(envelope, body, headers, now_ms))
+    }
+
+    /// The outcome of a forward ([`CallShard::handle_report`]).
+    pub fn handle_report(&self, report: &Report, now_ms: i64) -> Result<ReportEffect, EngineError> {
+        self.on_shard(|s| s.handle_report(report, now_ms))
+    }
+
+    /// `POST /v1/fence` ([`CallShard::handle_fence`]).
+    pub fn handle_fence(
+        &self,
+        caller: Caller<'_>,
+        req: &FenceRequest,
+        keys: &MediaKeys,
+        now_ms: i64,
+    ) -> Result<FenceReply, EngineError> {
+        self.on_shard(|s| s.handle_fence(caller, req, keys, now_ms))
+    }
+
+    /// `POST /v1/claims` ([`CallShard::handle_claim`]).
+    pub fn handle_claim(
+        &self,
+        caller: Caller<'_>,
+        req: &ClaimRequest,
+        now_ms: i64,
+    ) -> Result<ClaimReply, EngineError> {
+        self.on_shard(|s| s.handle_claim(caller, req, now_ms))
+    }
+
+    /// `POST /v1/media/verify` ([`CallShard::handle_media_verify`]).
+    pub fn handle_media_verify(
+        &self,
+        caller: Caller<'_>,
+        token: &str,
+        keys: &MediaKeys,
+        now_ms: i64,
+    ) -> Result<MediaReply, EngineError> {
+        self.on_shard(|s| s.handle_media_verify(caller, token, keys, now_ms))
+    }
+
+    /// The alarm: the shard's work, then the directory's retention
+    /// (forgetting the beats of nodes no longer registered).
+    pub fn poll_alarm(&self, now_ms: i64) -> Result<AlarmWork, EngineError> {
+        let work = self.on_shard(|s| s.poll_alarm(now_ms))?;
+        self.on_directory(|d| d.forget_unregistered(now_ms))?;
+        Ok(work)
+    }
+
+    /// When the alarm is next due ([`CallShard::next_alarm_at`]).
+    pub fn next_alarm_at(&self, now_ms: i64) -> Result<Option<i64>, EngineError> {
+        self.shard.next_alarm_at(now_ms)
+    }
+
+    /// `GET /v1/status`.
+    pub fn status(&self, now_ms: i64) -> Result<Json, EngineError> {
+        self.on_shard(|s| s.status(now_ms))
+    }
+
+    /// `POST /v1/preview`.
+    pub fn preview(&self, req: &PreviewRequest, now_ms: i64) -> Result<Option<Json>, EngineError> {
+        self.on_shard(|s| s.preview(req, now_ms))
+    }
+
+    /// `GET /v1/decisions`.
+    pub fn decisions(
+        &self,
+        limit: Option<u32>,
+        session: Option<&str>,
+        after: Option<u64>,
+    ) -> Result<Json, EngineError> {
+        self.shard.decisions(limit, session, after)
+    }
+
+    /// `GET /v1/calls`.
+    pub fn calls(&self, after: Option<&str>, limit: Option<u32>) -> Result<Json, EngineError> {
+        self.shard.calls(after, limit)
+    }
+
+    /// `GET /v1/events` (the ledger export).
+    pub fn events(&self, after: Option<u64>, limit: Option<u32>) -> Result<Json, EngineError> {
+        self.shard.events(after, limit)
+    }
+
+    /// `GET /v1/calls/{id}`.
+    pub fn call(&self, id: &str) -> Result<Option<Json>, EngineError> {
+        self.shard.call(id)
+    }
+
+    /// What was refused under a limit since this engine started.
+    pub fn refused(&self) -> Refused {
+        self.shard.refused()
+    }
+}
+
+#[cfg(feature = "testing")]
+impl<S: Store> Engine<S> {
+    /// `make bench`'s baseline ([`CallShard::writes_only_assign`]).
+    #[doc(hidden)]
+    pub fn writes_only_assign(
+        &self,
+        id: &str,
+        node: &str,
+        origin_url: &str,
+        body: &str,
+        now_ms: i64,
+    ) -> Result<(), EngineError> {
+        self.shard
+            .writes_only_assign(id, node, origin_url, body, now_ms)
+    }
+
+    /// `make bench`'s baseline ([`CallShard::writes_only_deliver`]).
+    #[doc(hidden)]
+    pub fn writes_only_deliver(&self, id: &str, now_ms: i64) -> Result<(), EngineError> {
+        self.shard.writes_only_deliver(id, now_ms)
+    }
+}

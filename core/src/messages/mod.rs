@@ -1,0 +1,18 @@
+//! The messages between the directory and a call shard (SPEC §16). In one
+//! object they are function arguments; between objects each is one small
+//! plain value, versioned (`v`) so that a
+//! receiver refuses a format it does not know, and safe to deliver late,
+//! twice or out of order:
+//! - [`view`]: [`DirectoryView`], directory to shard: the documents in force
+//!   and each registered node's beat and forward health. A shard keeps the
+//!   newest it has seen ([`DirectoryView::supersedes`]).
+//! - [`mark`]: [`ForwardMark`], shard to directory: a forward failed, or
+//!   delivered to a node that was failing. Applying one only raises a time.
+//!
+//! Neither machine imports the other: both import these.
+
+pub mod mark;
+pub mod view;
+
+pub use mark::{ForwardMark, ForwardResult, MARK_VERSION};
+pub use view::{lists_key, DirectoryView, Health, NodeState, VIEW_VERSION};
