@@ -761,7 +761,7 @@ export default {
  * CONCURRENCY in flight from the driver Worker: full assignments (the
  * `webhook` message: decision, forward to the origin, report), the same
  * assignments' writes only (the bench-only `writes_only` message,
- * core/src/engine/writes_only.rs), and `ping` (the request hop alone).
+ * core/src/shard/writes_only.rs), and `ping` (the request hop alone).
  * Returns each rate per second (null for writes_only on a build without it).
  */
 async function dispatcherOnly(edge, origin) {

@@ -4,11 +4,12 @@
 use crate::common::checker::{Checker, Observation, Snapshot};
 use crate::common::fixtures::{self, BeatSpec, Keys, T0};
 use crate::common::observe;
+use crate::machines::Machines;
 use callfence_core::delivery::Delivery as Driver;
 use callfence_core::document::DocKind;
 use callfence_core::eligibility::is_valid_sha;
 use callfence_core::engine::{
-    Caller, ClaimReply, ClaimRequest, Engine, EngineConfig, FenceReply, FenceRequest, Forward,
+    Caller, ClaimReply, ClaimRequest, EngineConfig, FenceReply, FenceRequest, Forward,
     HeartbeatRefusal, Ingress, MediaReply, Report, ReportEffect, ReportedAnswer, Timing,
 };
 use callfence_core::heartbeat::{Mode, HEARTBEAT_SCHEMA};
@@ -62,7 +63,8 @@ struct SimNode {
     /// Sessions this node admitted (the agent answers them, never not_admitted).
     admitted: BTreeSet<String>,
     /// Every beat sent: (sent at, eligible by its own account).
-    beats: Vec<(i64, bool)>,
+    /// Beats in force: (acknowledged at, sent at, truly eligible).
+    beats: Vec<(i64, i64, bool)>,
 }
 
 struct CallEvent {
@@ -149,7 +151,9 @@ fn signed(node: &str) -> Caller<'_> {
 pub struct World {
     rng: Rng,
     now: i64,
-    engine: Option<Engine<SqliteStore>>,
+    machines: Option<Machines>,
+    /// Beats sent and not yet in the shard's view: (node, seq, sent, truly).
+    unacked: Vec<(usize, u64, i64, bool)>,
     config: EngineConfig,
     nodes: Vec<SimNode>,
     keys: Keys,
@@ -220,7 +224,8 @@ impl World {
         let mut world = Self {
             rng,
             now: T0,
-            engine: Some(Engine::new(store, config.clone())),
+            machines: Some(Machines::new(store, config.clone())),
+            unacked: Vec::new(),
             config,
             nodes,
             keys: Keys::new(),
@@ -244,11 +249,50 @@ impl World {
             alarm_checks: 0,
         };
         world.write_documents();
+        world.machines().deliver_all();
         world
     }
 
-    fn engine(&self) -> &Engine<SqliteStore> {
-        self.engine.as_ref().expect("engine")
+    fn engine(&self) -> &Machines {
+        self.machines.as_ref().expect("machines")
+    }
+
+    /// Messages delivered between the machines, and late views dropped.
+    pub fn messages(&self) -> (u64, u64) {
+        (self.engine().delivered, self.engine().superseded)
+    }
+
+    fn machines(&mut self) -> &mut Machines {
+        self.machines.as_mut().expect("machines")
+    }
+
+    /// Delivers one message between the machines, picked at random (so
+    /// reordered), sometimes leaving a copy in flight (so repeated).
+    fn deliver_message(&mut self) {
+        let n = self.engine().in_flight.len();
+        if n == 0 {
+            return;
+        }
+        let index = self.rng.below(n as u64) as usize;
+        let again = self.rng.chance(15);
+        self.machines().deliver(index, again);
+        self.acknowledge_beats();
+    }
+
+    /// Beats the shard's view now holds are in force from now: the checker
+    /// judges a decision by the beats acknowledged before it.
+    fn acknowledge_beats(&mut self) {
+        let view = self.engine().shard.directory_view();
+        let now = self.now;
+        let nodes = &mut self.nodes;
+        self.unacked.retain(|&(i, seq, sent, truly)| {
+            let held = view.beat(nodes[i].id).map_or(0, |b| b.heartbeat.seq);
+            if held < seq {
+                return true;
+            }
+            nodes[i].beats.push((now, sent, truly));
+            false
+        });
     }
 
     fn write_documents(&mut self) {
@@ -261,13 +305,13 @@ impl World {
             })
             .collect();
         let registry = json!({"schema": "callfence_nodes_v1", "nodes": nodes});
-        self.engine()
+        let now = self.now;
+        self.machines()
             .put_document(
                 DocKind::Nodes,
                 registry.to_string().as_bytes(),
                 Some("\"0\""),
-                "sim",
-                self.now,
+                now,
             )
             .expect("registry");
         let policy = json!({
@@ -278,13 +322,13 @@ impl World {
             },
             "by_caller": {"+14155550100": {"preferred_node": "M3", "expires_at": callfence_core::time::format_ms(self.now + 3_600_000)}}
         });
-        self.engine()
+        let now = self.now;
+        self.machines()
             .put_document(
                 DocKind::Policy,
                 policy.to_string().as_bytes(),
                 Some("\"0\""),
-                "sim",
-                self.now,
+                now,
             )
             .expect("policy");
     }
@@ -315,9 +359,14 @@ impl World {
             78..=79 => self.restart(),
             80..=82 => self.invalid_input(),
             83..=87 => self.claim_flood(),
-            _ => self.late_report(),
+            88..=93 => self.late_report(),
+            _ => self.deliver_message(),
         }
-        let due = self.engine().next_alarm_at(self.now).expect("alarm due");
+        let due = self
+            .engine()
+            .shard
+            .next_alarm_at(self.now)
+            .expect("alarm due");
         let truth = self.alarm_truth();
         self.alarm_checks += u64::from(truth.is_some());
         self.obs.push(Observation::AlarmDue { engine: due, truth });
@@ -400,9 +449,10 @@ impl World {
         let body = self.events[idx].body.clone();
         let event_id = self.events[idx].event_id.clone();
         let (envelope, headers) = self.keys.signed_webhook(&body, self.now);
+        let now = self.now;
         let ingress = self
-            .engine()
-            .handle_webhook(&envelope, &body, &headers, self.now)
+            .machines()
+            .on_shard(|s| s.handle_webhook(&envelope, &body, &headers, now))
             .expect("engine");
         self.after_store_change();
         match ingress {
@@ -562,9 +612,10 @@ impl World {
         let current = self.session_epoch(session);
         let stale = current != Some(report.epoch);
         let before = stale.then(|| self.dump());
+        let now = self.now;
         let effect = self
-            .engine()
-            .handle_report(&report, self.now)
+            .machines()
+            .on_shard(|s| s.handle_report(&report, now))
             .expect("report");
         if let Some(before) = before {
             let after = self.dump();
@@ -618,9 +669,12 @@ impl World {
             purpose: callfence_core::wire::FencePurpose::Answer,
         };
         let id = self.nodes[node].id;
+        let (keys, now) = (&self.keys.media_keys, self.now);
         let reply = self
-            .engine()
-            .handle_fence(signed(id), &req, &self.keys.media_keys, self.now)
+            .machines
+            .as_mut()
+            .expect("machines")
+            .on_shard(|s| s.handle_fence(signed(id), &req, keys, now))
             .expect("fence");
         if let FenceReply::Granted(g) = reply {
             if g.first {
@@ -665,9 +719,10 @@ impl World {
                 call_control_id: ccid.clone(),
                 call_session_id: session.clone(),
             };
+            let now = self.now;
             let reply = self
-                .engine()
-                .handle_claim(signed(id), &claim, self.now)
+                .machines()
+                .on_shard(|s| s.handle_claim(signed(id), &claim, now))
                 .expect("claim");
             self.after_store_change();
             let ClaimReply::Claimed { epoch, .. } = reply else {
@@ -738,11 +793,12 @@ impl World {
         let truly = spec.mode == Mode::Active && !spec.dirty && is_valid_sha(&spec.sha);
         let body = fixtures::heartbeat_body(&spec, self.now);
         let id = node.id;
-        self.engine()
-            .handle_heartbeat(signed(id), self.now / 1000, &body, self.now)
+        let now = self.now;
+        self.machines()
+            .handle_heartbeat(signed(id), now / 1000, &body, now)
             .expect("beat accepted");
         self.nodes[i].seq = seq;
-        self.nodes[i].beats.push((self.now, truly));
+        self.unacked.push((i, seq, now, truly));
     }
 
     // ---- time, alarm, operators, restarts ------------------------------------
@@ -778,7 +834,8 @@ impl World {
         let obs = std::mem::take(&mut self.obs);
         let before = self.snapshot();
         self.checker.step(&obs, before);
-        let work = self.engine().poll_alarm(self.now).expect("alarm");
+        let now = self.now;
+        let work = self.machines().poll_alarm(now);
         let t = &self.config.timing;
         self.obs.push(Observation::AlarmRan {
             now_ms: self.now,
@@ -797,7 +854,11 @@ impl World {
     /// The Dispatcher's contract: after every state change it asks the
     /// engine when the alarm is next due, and arms it unless armed earlier.
     fn after_store_change(&mut self) {
-        let due = self.engine().next_alarm_at(self.now).expect("alarm due");
+        let due = self
+            .engine()
+            .shard
+            .next_alarm_at(self.now)
+            .expect("alarm due");
         self.next_alarm = match (self.next_alarm, due) {
             (Some(armed), Some(due)) => Some(armed.min(due)),
             (armed, due) => armed.or(due),
@@ -840,8 +901,8 @@ impl World {
     }
 
     fn restart(&mut self) {
-        let store = self.engine.take().expect("engine").into_store();
-        self.engine = Some(Engine::new(store, self.config.clone()));
+        let machines = self.machines.take().expect("machines");
+        self.machines = Some(machines.restart(self.config.clone()));
         self.next_alarm = Some(self.now);
     }
 
@@ -851,24 +912,21 @@ impl World {
         } else {
             DocKind::Nodes
         };
-        let (rev, doc) = self.engine().get_document(kind, None).expect("document");
+        let (rev, doc) = self.engine().get_document(kind).expect("document");
         let before = self.dump();
         let stale = format!("\"{}\"", rev.saturating_sub(1 + self.rng.below(2)));
-        let result = self.engine().put_document(
-            kind,
-            doc.to_string().as_bytes(),
-            Some(&stale),
-            "sim",
-            self.now,
-        );
+        let now = self.now;
+        let result =
+            self.machines()
+                .put_document(kind, doc.to_string().as_bytes(), Some(&stale), now);
         assert!(result.is_err(), "a stale write was accepted");
         let after = self.dump();
         self.obs.push(Observation::StaleWrite { before, after });
         if self.rng.chance(30) {
             // A valid rewrite: the revision must grow.
             let ok = format!("\"{rev}\"");
-            self.engine()
-                .put_document(kind, doc.to_string().as_bytes(), Some(&ok), "sim", self.now)
+            self.machines()
+                .put_document(kind, doc.to_string().as_bytes(), Some(&ok), now)
                 .expect("rewrite");
         }
     }
@@ -876,22 +934,19 @@ impl World {
     fn invalid_input(&mut self) {
         let before = self.dump();
         let node = NODES[self.rng.below(3) as usize];
-        let _ = self.engine().handle_heartbeat(
+        let now = self.now;
+        let _ = self.machines().handle_heartbeat(
             signed(node),
-            self.now / 1000,
+            now / 1000,
             b"{\"schema\":\"nope\"}",
-            self.now,
+            now,
         );
-        let _ = self.engine().put_document(
-            DocKind::Policy,
-            b"{\"schema\":1}",
-            Some("\"1\""),
-            "sim",
-            self.now,
-        );
+        let _ =
+            self.machines()
+                .put_document(DocKind::Policy, b"{\"schema\":1}", Some("\"1\""), now);
         let _ = self
-            .engine()
-            .put_document(DocKind::Nodes, b"[]", None, "sim", self.now);
+            .machines()
+            .put_document(DocKind::Nodes, b"[]", None, now);
         self.unknown_key_ops();
         // An unsigned webhook never reaches the engine: the Worker's check refuses it.
         let body = br#"{"data":{"id":"forged","event_type":"call.initiated","payload":{"call_session_id":"x"}}}"#;
@@ -928,29 +983,31 @@ impl World {
         };
         let beat =
             json!({"schema": HEARTBEAT_SCHEMA, "node": caller.node, "seq": self.now}).to_string();
-        let e = self.engine();
+        let (keys, now) = (&self.keys.media_keys, self.now);
+        let e = self.machines.as_mut().expect("machines");
         let refused = [
             (
                 "fence",
-                e.handle_fence(caller, &fence, &self.keys.media_keys, self.now)
+                e.on_shard(|s| s.handle_fence(caller, &fence, keys, now))
                     .expect("fence")
                     == FenceReply::UnknownNodeKey,
             ),
             (
                 "claim",
-                e.handle_claim(caller, &claim, self.now).expect("claim")
+                e.on_shard(|s| s.handle_claim(caller, &claim, now))
+                    .expect("claim")
                     == ClaimReply::NotRegistered,
             ),
             (
                 "heartbeat",
                 matches!(
-                    e.handle_heartbeat(caller, self.now / 1000, beat.as_bytes(), self.now),
+                    e.handle_heartbeat(caller, now / 1000, beat.as_bytes(), now),
                     Err(HeartbeatRefusal::UnknownNode)
                 ),
             ),
             (
                 "media_verify",
-                e.handle_media_verify(caller, "t", &self.keys.media_keys, self.now)
+                e.on_shard(|s| s.handle_media_verify(caller, "t", keys, now))
                     .expect("media")
                     == MediaReply::UnknownNodeKey,
             ),
@@ -993,8 +1050,8 @@ impl World {
                 nodes
                     .iter()
                     .find(|n| n.id == node)
-                    .and_then(|n| n.beats.iter().rev().find(|(sent, _)| *sent <= at))
-                    .is_some_and(|(sent, eligible)| *eligible && at - sent <= 17_000)
+                    .and_then(|n| n.beats.iter().rev().find(|(acked, _, _)| *acked <= at))
+                    .is_some_and(|(_, sent, eligible)| *eligible && at - sent <= 17_000)
             });
         self.last_decision = last;
         self.obs
