@@ -3,6 +3,7 @@
 
 use super::{Directory, EngineError};
 use crate::document::{expected_revision, DocKind, PreconditionError};
+use crate::messages::PerNode;
 use crate::policy::{CallerOverride, Line, RoutingPolicy};
 use crate::problem::Problem;
 use crate::store::Store;
@@ -106,7 +107,7 @@ impl<S: Store> Directory<S> {
         body: &[u8],
         if_match: Option<&str>,
         writer_fp: &str,
-        open_calls: &BTreeMap<String, u32>,
+        open_calls: &PerNode<u32>,
         now_ms: i64,
     ) -> Result<u64, DocError> {
         let doc: Json = serde_json::from_slice(body).map_err(|_| DocError::InvalidJson)?;
@@ -147,11 +148,7 @@ impl<S: Store> Directory<S> {
         })
     }
 
-    fn validate_registry(
-        &self,
-        doc: &Json,
-        open_calls: &BTreeMap<String, u32>,
-    ) -> Result<Json, DocError> {
+    fn validate_registry(&self, doc: &Json, open_calls: &PerNode<u32>) -> Result<Json, DocError> {
         let registry = crate::registry::validate(doc, self.allow_plaintext)
             .map_err(DocError::InvalidDocument)?;
         if let Some((policy_rev, policy)) = self.policy()? {
@@ -174,7 +171,7 @@ impl<S: Store> Directory<S> {
                     None => true,
                     Some(next) => entry.keys.keys().any(|kid| !next.keys.contains_key(kid)),
                 };
-                if removed && open_calls.get(node).is_some_and(|n| *n > 0) {
+                if removed && open_calls.get(node).is_some_and(|n| n > 0) {
                     return Err(DocError::NodeInUse { node: node.clone() });
                 }
             }

@@ -38,13 +38,13 @@ pub use probes::ProbeAdmission;
 use crate::document::DocKind;
 use crate::eligibility::Beat;
 use crate::error::EngineError;
-use crate::messages::{DirectoryView, ForwardMark, Health};
+use crate::messages::{DirectoryView, ForwardMark, Health, PerNode};
 use crate::policy::RoutingPolicy;
 use crate::registry::NodeRegistry;
 use crate::store::queries::Queries;
 use crate::store::{Store, StoreError};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 /// A document with its revision.
@@ -57,7 +57,7 @@ struct Cache {
     nodes: Option<Cached<NodeRegistry>>,
     policy: Option<Cached<RoutingPolicy>>,
     beats: HashMap<String, Option<Rc<Beat>>>,
-    health: Option<BTreeMap<String, Health>>,
+    health: Option<PerNode<Health>>,
     view: Option<Rc<DirectoryView>>,
     /// Changes since this directory started (the views' `generation`).
     generation: u64,
@@ -227,7 +227,7 @@ impl<S: Store> Directory<S> {
         }
         self.unit(|| self.q().store_health(&mark.node, after))?;
         if let Some(health) = &mut self.cache.borrow_mut().health {
-            health.insert(mark.node.clone(), after);
+            health.set(&mark.node, after);
         }
         self.changed(mark.at_ms);
         Ok(())

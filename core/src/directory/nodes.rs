@@ -207,7 +207,7 @@ impl<S: Store> Directory<S> {
             .borrow()
             .health
             .as_ref()
-            .and_then(|h| h.get(node).copied())
+            .and_then(|h| h.get(node))
             .unwrap_or_default())
     }
 
@@ -227,7 +227,7 @@ impl<S: Store> Directory<S> {
                 let state = NodeState {
                     beat: self.beat(node)?,
                     health: self.node_health(node)?,
-                    seq_regressions: regressions.get(node).copied(),
+                    seq_regressions: regressions.get(node),
                 };
                 nodes.insert(node.clone(), state);
             }
@@ -267,7 +267,7 @@ impl<S: Store> Directory<S> {
             for node in &gone {
                 cache.beats.remove(node);
                 if let Some(health) = &mut cache.health {
-                    health.remove(node);
+                    health.retain(|n, _| n != node);
                 }
             }
         }

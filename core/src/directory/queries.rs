@@ -3,10 +3,9 @@
 //! The probe's times are named counters (`probe_at:<node>`).
 
 use crate::error::EngineError;
-use crate::messages::Health;
+use crate::messages::{Health, PerNode};
 use crate::store::queries::{int, text, Queries};
 use crate::store::{Store, Value};
-use std::collections::BTreeMap;
 
 /// A node's last accepted beat as the replay and seq checks read it.
 pub(in crate::directory) struct LastBeat {
@@ -82,7 +81,7 @@ impl<S: Store> Queries<'_, S> {
     }
 
     /// Every node's forward health, in one read.
-    pub(in crate::directory) fn all_health(&self) -> Result<BTreeMap<String, Health>, EngineError> {
+    pub(in crate::directory) fn all_health(&self) -> Result<PerNode<Health>, EngineError> {
         Ok(self
             .run(
                 "SELECT node, last_failure_at, last_delivery_at FROM node_health",
@@ -137,7 +136,7 @@ impl<S: Store> Queries<'_, S> {
     /// Every node's seq regressions: (count, time of the last).
     pub(in crate::directory) fn all_seq_regressions(
         &self,
-    ) -> Result<BTreeMap<String, (i64, i64)>, EngineError> {
+    ) -> Result<PerNode<(i64, i64)>, EngineError> {
         Ok(self
             .run(
                 "SELECT node, regressions, last_at FROM node_seq_regressions",

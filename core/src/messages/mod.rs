@@ -15,4 +15,4 @@ pub mod mark;
 pub mod view;
 
 pub use mark::{ForwardMark, ForwardResult, MARK_VERSION};
-pub use view::{lists_key, DirectoryView, Health, NodeState, VIEW_VERSION};
+pub use view::{lists_key, DirectoryView, Health, NodeState, PerNode, VIEW_VERSION};

@@ -91,6 +91,48 @@ pub fn lists_key(registry: Option<&NodeRegistry>, node: &str, kid: &str) -> bool
     registry.is_some_and(|r| r.nodes.get(node).is_some_and(|e| e.keys.contains_key(kid)))
 }
 
+/// A small table by node id: a deployment has a few nodes, so a list
+/// searched in order, which costs less code in the wasm than a map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PerNode<T>(Vec<(String, T)>);
+
+impl<T> Default for PerNode<T> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<T: Copy> PerNode<T> {
+    /// The value for `node`.
+    pub fn get(&self, node: &str) -> Option<T> {
+        self.0.iter().find(|(n, _)| n == node).map(|(_, v)| *v)
+    }
+
+    /// Sets the value for `node`.
+    pub fn set(&mut self, node: &str, value: T) {
+        match self.0.iter_mut().find(|(n, _)| n == node) {
+            Some((_, v)) => *v = value,
+            None => self.0.push((node.to_owned(), value)),
+        }
+    }
+
+    /// Keeps the entries `keep` says yes to.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, T) -> bool) {
+        self.0.retain(|(n, v)| keep(n, *v));
+    }
+
+    /// True when the table has no entry.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<T> FromIterator<(String, T)> for PerNode<T> {
+    fn from_iter<I: IntoIterator<Item = (String, T)>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
 /// What the directory keeps of a node besides its registry entry.
 #[derive(Debug, Clone, Default)]
 pub struct NodeState {

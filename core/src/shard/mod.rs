@@ -88,13 +88,12 @@ pub use requests::{BadRequest, ClaimRequest, FenceRequest, MediaVerifyRequest, P
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
-use crate::messages::{DirectoryView, ForwardMark, ForwardResult, Health};
+use crate::messages::{DirectoryView, ForwardMark, ForwardResult, Health, PerNode};
 use crate::metrics::Counters;
 use crate::store::{Store, StoreError};
 use queries::{AlarmFacts, Queries};
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
 /// A message a call shard takes from the directory.
@@ -151,7 +150,7 @@ struct Cache {
 pub struct Caches {
     cache: Cache,
     view: Rc<DirectoryView>,
-    marks: BTreeMap<String, Health>,
+    marks: PerNode<Health>,
     outbox: Vec<ForwardMark>,
 }
 
@@ -164,7 +163,7 @@ pub struct CallShard<S: Store> {
     view: RefCell<Rc<DirectoryView>>,
     /// The health this shard's own reports gave nodes, until a view from
     /// the directory has it too.
-    marks: RefCell<BTreeMap<String, Health>>,
+    marks: RefCell<PerNode<Health>>,
     /// Marks not yet drained by [`CallShard::poll_output`].
     outbox: RefCell<Vec<ForwardMark>>,
     /// Requests refused under a limit since this shard started.
@@ -183,7 +182,7 @@ impl<S: Store> CallShard<S> {
             config,
             cache: RefCell::new(Cache::default()),
             view: RefCell::new(Rc::new(DirectoryView::empty())),
-            marks: RefCell::new(BTreeMap::new()),
+            marks: RefCell::new(PerNode::default()),
             outbox: RefCell::new(Vec::new()),
             refused: std::cell::Cell::new(Refused::default()),
             metrics: Counters::default(),
@@ -218,7 +217,7 @@ impl<S: Store> CallShard<S> {
                 // Own marks the directory now has are dropped.
                 self.marks.borrow_mut().retain(|node, own| {
                     let theirs = view.nodes.get(node).map(|n| n.health).unwrap_or_default();
-                    theirs.merge(*own) != theirs
+                    theirs.merge(own) != theirs
                 });
                 *self.view.borrow_mut() = view;
             }
@@ -277,12 +276,12 @@ impl<S: Store> CallShard<S> {
             .map(|n| n.health)
             .unwrap_or_default();
         let mut marks = self.marks.borrow_mut();
-        let own = marks.get(node).copied().unwrap_or_default();
+        let own = marks.get(node).unwrap_or_default();
         let known = theirs.merge(own);
         if result == ForwardResult::Delivered && !known.failing() {
             return;
         }
-        marks.insert(node.to_owned(), own.with(&mark));
+        marks.set(node, own.with(&mark));
         self.outbox.borrow_mut().push(mark);
     }
 

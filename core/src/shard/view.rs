@@ -5,17 +5,16 @@
 use super::rows::SessionRow;
 use super::{CallShard, EngineError};
 use crate::eligibility::{self, Beat, Candidacy, NodeFacts, Reason};
-use crate::messages::{DirectoryView, Health};
+use crate::messages::{DirectoryView, Health, PerNode};
 use crate::store::Store;
-use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::rc::Rc;
 
 /// The view one decision (or one read) is made on.
 pub(crate) struct ShardView {
     directory: Rc<DirectoryView>,
-    marks: BTreeMap<String, Health>,
-    open_calls: BTreeMap<String, u32>,
+    marks: PerNode<Health>,
+    open_calls: PerNode<u32>,
 }
 
 impl Deref for ShardView {
@@ -58,17 +57,12 @@ impl ShardView {
         let state = self.directory.nodes.get(node)?;
         let own = u32::from(except.is_some_and(|s| s.loads(node)));
         let health = match self.marks.get(node) {
-            Some(mine) => state.health.merge(*mine),
+            Some(mine) => state.health.merge(mine),
             None => state.health,
         };
         Some(NodeNow {
             beat: state.beat.clone(),
-            open_calls: self
-                .open_calls
-                .get(node)
-                .copied()
-                .unwrap_or(0)
-                .saturating_sub(own),
+            open_calls: self.open_calls.get(node).unwrap_or(0).saturating_sub(own),
             health,
             seq_regressions: state.seq_regressions,
         })
@@ -103,7 +97,7 @@ impl<S: Store> CallShard<S> {
 
     /// Every node's open calls in this shard (the directory's capacity
     /// accounting reads it).
-    pub fn open_calls(&self) -> Result<BTreeMap<String, u32>, EngineError> {
+    pub fn open_calls(&self) -> Result<PerNode<u32>, EngineError> {
         self.q().all_open_calls()
     }
 

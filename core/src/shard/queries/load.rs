@@ -3,8 +3,8 @@
 
 use super::{int, text, Queries};
 use crate::error::EngineError;
+use crate::messages::PerNode;
 use crate::store::{Store, Value};
-use std::collections::BTreeMap;
 
 /// A node's open calls: one primary-key read.
 pub(super) const OPEN_CALLS: &str = "SELECT open_calls FROM node_load WHERE node = ?";
@@ -18,7 +18,7 @@ impl<S: Store> Queries<'_, S> {
     }
 
     /// Every node's open calls, in one read (nodes with none are absent).
-    pub(crate) fn all_open_calls(&self) -> Result<BTreeMap<String, u32>, EngineError> {
+    pub(crate) fn all_open_calls(&self) -> Result<PerNode<u32>, EngineError> {
         Ok(self
             .run(
                 "SELECT node, open_calls FROM node_load WHERE open_calls > 0",
