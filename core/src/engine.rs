@@ -123,11 +123,11 @@ impl<S: Store> Engine<S> {
 
     /// Delivers every pending message: the shard's marks to the directory,
     /// then the directory's view to the shard.
-    fn settle(&self) -> Result<(), EngineError> {
+    fn settle(&self, now_ms: i64) -> Result<(), EngineError> {
         while let Some(ShardOutput::Mark(mark)) = self.shard.poll_output() {
             self.directory.handle_input(DirectoryInput::Mark(mark))?;
         }
-        if let Some(DirectoryOutput::View(view)) = self.directory.poll_output()? {
+        if let Some(DirectoryOutput::View(view)) = self.directory.poll_output(now_ms)? {
             self.shard.handle_input(ShardInput::View(view));
         }
         Ok(())
@@ -136,21 +136,23 @@ impl<S: Store> Engine<S> {
     /// Runs one request of the shard between two settles.
     fn on_shard<T, E: From<EngineError>>(
         &self,
+        now_ms: i64,
         request: impl FnOnce(&CallShard<Rc<S>>) -> Result<T, E>,
     ) -> Result<T, E> {
-        self.settle()?;
+        self.settle(now_ms)?;
         let out = request(&self.shard);
-        self.settle()?;
+        self.settle(now_ms)?;
         out
     }
 
     /// Runs one request of the directory, then delivers its view.
     fn on_directory<T, E: From<EngineError>>(
         &self,
+        now_ms: i64,
         request: impl FnOnce(&Directory<Rc<S>>) -> Result<T, E>,
     ) -> Result<T, E> {
         let out = request(&self.directory);
-        self.settle()?;
+        self.settle(now_ms)?;
         out
     }
 
@@ -190,7 +192,9 @@ impl<S: Store> Engine<S> {
         now_ms: i64,
     ) -> Result<u64, DocError> {
         let open_calls = self.shard.open_calls()?;
-        self.on_directory(|d| d.put_document(kind, body, if_match, writer_fp, &open_calls, now_ms))
+        self.on_directory(now_ms, |d| {
+            d.put_document(kind, body, if_match, writer_fp, &open_calls, now_ms)
+        })
     }
 
     /// Every key of every registered node, and the registry revision.
@@ -212,7 +216,9 @@ impl<S: Store> Engine<S> {
         now_ms: i64,
     ) -> Result<Json, HeartbeatRefusal> {
         let open_calls = self.shard.node_open_calls(caller.node)?;
-        self.on_directory(|d| d.handle_heartbeat(caller, signed_at_s, body, open_calls, now_ms))
+        self.on_directory(now_ms, |d| {
+            d.handle_heartbeat(caller, signed_at_s, body, open_calls, now_ms)
+        })
     }
 
     /// `POST /v1/nodes/probe` ([`Directory::handle_probe`]).
@@ -230,12 +236,14 @@ impl<S: Store> Engine<S> {
         headers: &[(String, String)],
         now_ms: i64,
     ) -> Result<Ingress, EngineError> {
-        self.on_shard(|s| s.handle_webhook(envelope, body, headers, now_ms))
+        self.on_shard(now_ms, |s| {
+            s.handle_webhook(envelope, body, headers, now_ms)
+        })
     }
 
     /// The outcome of a forward ([`CallShard::handle_report`]).
     pub fn handle_report(&self, report: &Report, now_ms: i64) -> Result<ReportEffect, EngineError> {
-        self.on_shard(|s| s.handle_report(report, now_ms))
+        self.on_shard(now_ms, |s| s.handle_report(report, now_ms))
     }
 
     /// `POST /v1/fence` ([`CallShard::handle_fence`]).
@@ -246,7 +254,7 @@ impl<S: Store> Engine<S> {
         keys: &MediaKeys,
         now_ms: i64,
     ) -> Result<FenceReply, EngineError> {
-        self.on_shard(|s| s.handle_fence(caller, req, keys, now_ms))
+        self.on_shard(now_ms, |s| s.handle_fence(caller, req, keys, now_ms))
     }
 
     /// `POST /v1/claims` ([`CallShard::handle_claim`]).
@@ -256,7 +264,7 @@ impl<S: Store> Engine<S> {
         req: &ClaimRequest,
         now_ms: i64,
     ) -> Result<ClaimReply, EngineError> {
-        self.on_shard(|s| s.handle_claim(caller, req, now_ms))
+        self.on_shard(now_ms, |s| s.handle_claim(caller, req, now_ms))
     }
 
     /// `POST /v1/media/verify` ([`CallShard::handle_media_verify`]).
@@ -267,14 +275,16 @@ impl<S: Store> Engine<S> {
         keys: &MediaKeys,
         now_ms: i64,
     ) -> Result<MediaReply, EngineError> {
-        self.on_shard(|s| s.handle_media_verify(caller, token, keys, now_ms))
+        self.on_shard(now_ms, |s| {
+            s.handle_media_verify(caller, token, keys, now_ms)
+        })
     }
 
     /// The alarm: the shard's work, then the directory's retention
     /// (forgetting the beats of nodes no longer registered).
     pub fn poll_alarm(&self, now_ms: i64) -> Result<AlarmWork, EngineError> {
-        let work = self.on_shard(|s| s.poll_alarm(now_ms))?;
-        self.on_directory(|d| d.forget_unregistered(now_ms))?;
+        let work = self.on_shard(now_ms, |s| s.poll_alarm(now_ms))?;
+        self.on_directory(now_ms, |d| d.forget_unregistered(now_ms))?;
         Ok(work)
     }
 
@@ -285,12 +295,12 @@ impl<S: Store> Engine<S> {
 
     /// `GET /v1/status`.
     pub fn status(&self, now_ms: i64) -> Result<Json, EngineError> {
-        self.on_shard(|s| s.status(now_ms))
+        self.on_shard(now_ms, |s| s.status(now_ms))
     }
 
     /// `POST /v1/preview`.
     pub fn preview(&self, req: &PreviewRequest, now_ms: i64) -> Result<Option<Json>, EngineError> {
-        self.on_shard(|s| s.preview(req, now_ms))
+        self.on_shard(now_ms, |s| s.preview(req, now_ms))
     }
 
     /// `GET /v1/decisions`.

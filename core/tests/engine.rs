@@ -1018,3 +1018,99 @@ fn metrics_count_committed_decisions_and_the_alarm_s_rejections() {
     w.engine.poll_alarm(w.now + 1_000).unwrap();
     assert_eq!(count(&w, DECISIONS, "outcome", "rejected"), 1);
 }
+
+#[test]
+fn a_failure_reaches_the_directory_and_a_healthy_delivery_sends_nothing() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    w.beat("M2", |_| {}).unwrap();
+    let health = |w: &World, node: &str| w.engine.directory().view().unwrap().nodes[node].health;
+    // A delivery to a healthy node changes no eligibility: no mark, and the
+    // directory's stored health of M1 stays empty.
+    let first = forward(w.webhook("h1", "call.initiated", "s-h1", "incoming"));
+    assert_eq!(first.node, "M1");
+    w.report(&first, ok(200));
+    assert_eq!(health(&w, "M1"), Default::default());
+    // A definite refusal is a failure: the directory has it at once (the
+    // engine delivers the shard's mark before it answers), and the next
+    // decision avoids M1.
+    let second = forward(w.webhook("h2", "call.initiated", "s-h2", "incoming"));
+    assert_eq!(second.node, "M1");
+    w.report(&second, not_admitted());
+    assert!(health(&w, "M1").failing());
+    let third = forward(w.webhook("h3", "call.initiated", "s-h3", "incoming"));
+    assert_eq!(third.node, "M2");
+    // A later delivery to M1 clears the failure, which the shard sends.
+    w.now += 31_000;
+    w.beat("M1", |_| {}).unwrap();
+    w.beat("M2", |_| {}).unwrap();
+    let fourth = forward(w.webhook("h4", "call.initiated", "s-h4", "incoming"));
+    assert_eq!(fourth.node, "M1");
+    w.report(&fourth, ok(200));
+    assert!(!health(&w, "M1").failing());
+}
+
+#[test]
+fn a_shard_keeps_the_newest_view_and_a_restarted_directory_s_first_view_wins() {
+    use callfence_core::directory::{Directory, DirectoryOutput};
+    use callfence_core::shard::{CallShard, ShardInput};
+    use std::rc::Rc;
+    let store = SqliteStore::in_memory().unwrap();
+    migrate(&store, 1_000).unwrap();
+    let store = Rc::new(store);
+    let view = |d: &Directory<Rc<SqliteStore>>, now: i64| match d.poll_output(now).unwrap() {
+        Some(DirectoryOutput::View(v)) => v,
+        None => panic!("no view after a change"),
+    };
+    let directory = Directory::new(store.clone(), true);
+    let shard = CallShard::new(store.clone(), EngineConfig::default());
+    let registry = json!({"schema": "callfence_nodes_v1", "nodes": {"M1": {
+        "origin_url": "http://m1.example/t", "role": "stable",
+        "fallback_approved": false, "admin_drained": false,
+        "keys": {"k1": b64_encode(SigningKey::from_bytes(&[1; 32]).verifying_key().as_bytes())}}}});
+    let open = Default::default();
+    directory
+        .put_document(
+            DocKind::Nodes,
+            registry.to_string().as_bytes(),
+            Some("\"0\""),
+            "t",
+            &open,
+            1_000,
+        )
+        .unwrap();
+    let first = view(&directory, 1_000);
+    assert!(
+        directory.poll_output(1_001).unwrap().is_none(),
+        "nothing changed"
+    );
+    directory
+        .put_document(
+            DocKind::Nodes,
+            registry.to_string().as_bytes(),
+            Some("\"1\""),
+            "t",
+            &open,
+            2_000,
+        )
+        .unwrap();
+    let second = view(&directory, 2_000);
+    // Delivered out of order: the late first view changes nothing.
+    shard.handle_input(ShardInput::View(second.clone()));
+    shard.handle_input(ShardInput::View(first));
+    assert!(Rc::ptr_eq(&shard.directory_view(), &second));
+    // A restarted directory counts its changes from zero, but its first
+    // view is stamped with the time it is sent, so it still wins.
+    let restarted = Directory::new(store.clone(), true);
+    let third = view(&restarted, 3_000);
+    assert_eq!(third.nodes_revision(), second.nodes_revision());
+    shard.handle_input(ShardInput::View(third.clone()));
+    assert!(Rc::ptr_eq(&shard.directory_view(), &third));
+    // The same view again, or one of an unknown format, changes nothing.
+    shard.handle_input(ShardInput::View(third.clone()));
+    let mut unknown = (*third).clone();
+    unknown.v = 99;
+    unknown.as_of_ms = 9_000;
+    shard.handle_input(ShardInput::View(Rc::new(unknown)));
+    assert!(Rc::ptr_eq(&shard.directory_view(), &third));
+}

@@ -58,6 +58,8 @@ struct Cache {
     policy: Option<Cached<RoutingPolicy>>,
     beats: HashMap<String, Option<Rc<Beat>>>,
     health: Option<PerNode<Health>>,
+    /// Beats refused `stale_seq` per node: (count, last time).
+    regressions: Option<PerNode<(i64, i64)>>,
     view: Option<Rc<DirectoryView>>,
     /// Changes since this directory started (the views' `generation`).
     generation: u64,
@@ -203,10 +205,18 @@ impl<S: Store> Directory<S> {
     }
 
     /// The next message for the shards: the view, once after each change
-    /// (and once after the directory starts), else nothing.
-    pub fn poll_output(&self) -> Result<Option<DirectoryOutput>, EngineError> {
+    /// (and once after the directory starts), else nothing. A view built
+    /// here is stamped no earlier than `now_ms`, so the first view of a
+    /// restarted directory supersedes any sent before the restart.
+    pub fn poll_output(&self, now_ms: i64) -> Result<Option<DirectoryOutput>, EngineError> {
         if self.cache.borrow().view_sent {
             return Ok(None);
+        }
+        {
+            let mut cache = self.cache.borrow_mut();
+            if cache.view.is_none() {
+                cache.changed_at_ms = cache.changed_at_ms.max(now_ms);
+            }
         }
         let view = self.view()?;
         self.cache.borrow_mut().view_sent = true;

@@ -161,6 +161,7 @@ impl<S: Store> Directory<S> {
         });
         if let Err(HeartbeatRefusal::StaleSeq) = &result {
             self.unit(|| self.q().mark_seq_regression(node, now_ms))?;
+            self.cache.borrow_mut().regressions = None;
             self.changed(now_ms);
         }
         let (answer, stored) = result?;
@@ -222,7 +223,7 @@ impl<S: Store> Directory<S> {
         let registry = self.registry()?;
         let mut nodes = BTreeMap::new();
         if let Some((_, r)) = &registry {
-            let regressions = self.q().all_seq_regressions()?;
+            let regressions = self.seq_regressions()?;
             for node in r.nodes.keys() {
                 let state = NodeState {
                     beat: self.beat(node)?,
@@ -248,6 +249,16 @@ impl<S: Store> Directory<S> {
         Ok(view)
     }
 
+    /// Every node's seq regressions (cached, read once).
+    fn seq_regressions(&self) -> Result<crate::messages::PerNode<(i64, i64)>, EngineError> {
+        if let Some(regressions) = &self.cache.borrow().regressions {
+            return Ok(regressions.clone());
+        }
+        let regressions = self.q().all_seq_regressions()?;
+        self.cache.borrow_mut().regressions = Some(regressions.clone());
+        Ok(regressions)
+    }
+
     /// Forgets the beats, forward health and seq regressions of nodes no
     /// longer registered (the directory's retention, run with the alarm's).
     pub fn forget_unregistered(&self, now_ms: i64) -> Result<(), EngineError> {
@@ -264,6 +275,7 @@ impl<S: Store> Directory<S> {
         self.unit(|| gone.iter().try_for_each(|node| q.forget_node(node)))?;
         {
             let mut cache = self.cache.borrow_mut();
+            cache.regressions = None;
             for node in &gone {
                 cache.beats.remove(node);
                 if let Some(health) = &mut cache.health {

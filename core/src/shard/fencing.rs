@@ -151,7 +151,7 @@ impl<S: Store> CallShard<S> {
     ) -> Result<ClaimReply, EngineError> {
         let node = caller.node;
         let reply = self.unit(|| {
-            let view = self.decision_view()?;
+            let view = self.decision_view();
             if !view.key_in_force(caller.node, caller.kid) {
                 return Ok::<_, EngineError>(ClaimReply::NotRegistered);
             }
@@ -191,7 +191,7 @@ impl<S: Store> CallShard<S> {
                     return Ok(ClaimReply::AlreadyOwned);
                 }
             }
-            let state = view.node(node, None).unwrap_or_default();
+            let state = view.node(node, None)?.unwrap_or_default();
             if state.beat.is_none() || state.facts(Some(entry)).capacity_exhausted() {
                 return Ok(ClaimReply::CapacityExhausted);
             }

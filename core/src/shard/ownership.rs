@@ -281,10 +281,10 @@ impl<S: Store> CallShard<S> {
             session: Some(&id),
             event: event_id,
         };
-        let view = self.decision_view()?;
+        let view = self.decision_view();
         let routed = match row.is_outgoing() {
             true => None,
-            false => route_session(&view, row, now_ms),
+            false => route_session(&view, row, now_ms)?,
         };
         if let Some(target) = routed.as_ref().and_then(|r| r.target()) {
             let ids = q.counters(&["epoch", "decision"], &[])?;

@@ -15,7 +15,6 @@ use crate::selection::{select, Selection};
 use crate::store::Store;
 use crate::time::format_ms;
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 
 /// Where a session is assigned: the node and its registered origin.
 pub(crate) struct Target {
@@ -64,13 +63,13 @@ pub(crate) fn route(
     called: Option<&str>,
     except: Option<&SessionRow>,
     now_ms: i64,
-) -> Option<Routed> {
+) -> Result<Option<Routed>, EngineError> {
     let (Some((policy_revision, policy)), Some((nodes_revision, registry))) =
         (&view.policy, &view.registry)
     else {
-        return None;
+        return Ok(None);
     };
-    Some(route_under(
+    route_under(
         (*policy_revision, policy),
         (*nodes_revision, registry),
         view,
@@ -78,7 +77,8 @@ pub(crate) fn route(
         called,
         except,
         now_ms,
-    ))
+    )
+    .map(Some)
 }
 
 /// [`route`] under a given policy and registry (the preview of a draft
@@ -92,7 +92,7 @@ pub(crate) fn route_under(
     called: Option<&str>,
     except: Option<&SessionRow>,
     now_ms: i64,
-) -> Routed {
+) -> Result<Routed, EngineError> {
     let resolution = policy.resolve(caller, called, now_ms);
     let line = called
         .and_then(|to| policy.line_for(to))
@@ -101,12 +101,12 @@ pub(crate) fn route_under(
             called_number: &line.called_number,
         });
     let mut chosen_beat = None;
-    let selected = select(
+    let selection = select(
         &resolution,
         &policy.default_node,
         registry,
         |node, candidacy| {
-            let state = view.node(node, except).unwrap_or_default();
+            let state = view.node(node, except)?.unwrap_or_default();
             let reasons = eligibility::check(
                 &state.facts(registry.nodes.get(node)),
                 candidacy,
@@ -116,14 +116,10 @@ pub(crate) fn route_under(
             if reasons.is_empty() {
                 chosen_beat = state.beat.clone();
             }
-            Ok::<_, Infallible>(reasons)
+            Ok::<_, EngineError>(reasons)
         },
-    );
-    let selection = match selected {
-        Ok(selection) => selection,
-        Err(never) => match never {},
-    };
-    Routed {
+    )?;
+    Ok(Routed {
         chosen_origin: selection
             .chosen
             .as_ref()
@@ -135,12 +131,16 @@ pub(crate) fn route_under(
         selection,
         policy_revision,
         nodes_revision,
-    }
+    })
 }
 
 /// Routes an existing session by the numbers of its first event; the
 /// session never counts against a node's capacity in its own decision.
-pub(crate) fn route_session(view: &ShardView, session: &SessionRow, now_ms: i64) -> Option<Routed> {
+pub(crate) fn route_session(
+    view: &ShardView,
+    session: &SessionRow,
+    now_ms: i64,
+) -> Result<Option<Routed>, EngineError> {
     route(
         view,
         session.caller.as_deref(),

@@ -7,17 +7,21 @@ use super::{CallShard, EngineError};
 use crate::eligibility::{self, Beat, Candidacy, NodeFacts, Reason};
 use crate::messages::{DirectoryView, Health, PerNode};
 use crate::store::Store;
+use std::cell::RefCell;
 use std::ops::Deref;
 use std::rc::Rc;
 
-/// The view one decision (or one read) is made on.
-pub(crate) struct ShardView {
+/// The view one decision (or one read) is made on. A node's open calls are
+/// read when the decision first visits the node (one primary-key read), so
+/// a decision costs the same whatever the number of registered nodes.
+pub(crate) struct ShardView<'a> {
     directory: Rc<DirectoryView>,
     marks: PerNode<Health>,
-    open_calls: PerNode<u32>,
+    open_calls: RefCell<PerNode<u32>>,
+    load: Box<dyn Fn(&str) -> Result<u32, EngineError> + 'a>,
 }
 
-impl Deref for ShardView {
+impl Deref for ShardView<'_> {
     type Target = DirectoryView;
 
     fn deref(&self) -> &DirectoryView {
@@ -49,50 +53,71 @@ impl NodeNow {
     }
 }
 
-impl ShardView {
+impl ShardView<'_> {
+    /// A node's open calls in this shard, read once per view.
+    fn open_calls(&self, node: &str) -> Result<u32, EngineError> {
+        if let Some(n) = self.open_calls.borrow().get(node) {
+            return Ok(n);
+        }
+        let n = (self.load)(node)?;
+        self.open_calls.borrow_mut().set(node, n);
+        Ok(n)
+    }
+
     /// A registered node's state, not counting `except` (the call being
     /// decided never counts against its own node's capacity). `None` for
     /// a node the view does not list.
-    pub(crate) fn node(&self, node: &str, except: Option<&SessionRow>) -> Option<NodeNow> {
-        let state = self.directory.nodes.get(node)?;
+    pub(crate) fn node(
+        &self,
+        node: &str,
+        except: Option<&SessionRow>,
+    ) -> Result<Option<NodeNow>, EngineError> {
+        let Some(state) = self.directory.nodes.get(node) else {
+            return Ok(None);
+        };
         let own = u32::from(except.is_some_and(|s| s.loads(node)));
         let health = match self.marks.get(node) {
             Some(mine) => state.health.merge(mine),
             None => state.health,
         };
-        Some(NodeNow {
+        Ok(Some(NodeNow {
             beat: state.beat.clone(),
-            open_calls: self.open_calls.get(node).unwrap_or(0).saturating_sub(own),
+            open_calls: self.open_calls(node)?.saturating_sub(own),
             health,
             seq_regressions: state.seq_regressions,
-        })
+        }))
     }
 
-    /// Every registered node, by id.
-    pub(crate) fn nodes(&self) -> impl Iterator<Item = (&String, NodeNow)> + '_ {
-        self.directory
-            .nodes
-            .keys()
-            .filter_map(|n| Some((n, self.node(n, None)?)))
-    }
-
-    /// The general (call-independent) reasons `node` is ineligible now.
-    pub(crate) fn general_reasons(&self, node: &str, now_ms: i64) -> Vec<Reason> {
-        let state = self.node(node, None).unwrap_or_default();
-        let entry = self.registry.as_ref().and_then(|(_, r)| r.nodes.get(node));
-        eligibility::check(&state.facts(entry), Candidacy::General, None, now_ms)
+    /// Every registered node, by id, with the general (call-independent)
+    /// reasons it is ineligible now (for status: one read of every node's
+    /// open calls).
+    pub(crate) fn nodes(
+        &self,
+        all_open_calls: PerNode<u32>,
+        now_ms: i64,
+    ) -> Result<Vec<(&String, NodeNow, Vec<Reason>)>, EngineError> {
+        *self.open_calls.borrow_mut() = all_open_calls;
+        let mut out = Vec::with_capacity(self.directory.nodes.len());
+        for name in self.directory.nodes.keys() {
+            let state = self.node(name, None)?.unwrap_or_default();
+            let entry = self.registry.as_ref().and_then(|(_, r)| r.nodes.get(name));
+            let reasons = eligibility::check(&state.facts(entry), Candidacy::General, None, now_ms);
+            out.push((name, state, reasons));
+        }
+        Ok(out)
     }
 }
 
 impl<S: Store> CallShard<S> {
-    /// The view a decision starts on: the newest the directory sent, this
-    /// shard's own marks, and its open calls (one read).
-    pub(crate) fn decision_view(&self) -> Result<ShardView, EngineError> {
-        Ok(ShardView {
+    /// The view a decision starts on: the newest the directory sent, and
+    /// this shard's own marks; open calls are read as nodes are visited.
+    pub(crate) fn decision_view(&self) -> ShardView<'_> {
+        ShardView {
             directory: self.view.borrow().clone(),
             marks: self.marks.borrow().clone(),
-            open_calls: self.q().all_open_calls()?,
-        })
+            open_calls: RefCell::new(PerNode::default()),
+            load: Box::new(move |node| self.q().open_calls(node)),
+        }
     }
 
     /// Every node's open calls in this shard (the directory's capacity

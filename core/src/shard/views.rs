@@ -63,9 +63,9 @@ impl<S: Store> CallShard<S> {
     pub fn preview(&self, req: &PreviewRequest, now_ms: i64) -> Result<Option<Json>, EngineError> {
         let to = req.to.as_deref().and_then(normalise);
         let from = req.from.as_deref().and_then(normalise);
-        let view = self.decision_view()?;
+        let view = self.decision_view();
         let routed = match &req.policy {
-            None => route(&view, from.as_deref(), to.as_deref(), None, now_ms),
+            None => route(&view, from.as_deref(), to.as_deref(), None, now_ms)?,
             Some(draft) => {
                 let Some((nodes_revision, registry)) = &view.registry else {
                     return Ok(None);
@@ -87,7 +87,7 @@ impl<S: Store> CallShard<S> {
                     to.as_deref(),
                     None,
                     now_ms,
-                ))
+                )?)
             }
         };
         let Some(routed) = routed else {
@@ -208,7 +208,7 @@ impl<S: Store> CallShard<S> {
         caller: &str,
         prefers: &str,
         now_ms: i64,
-    ) -> Vec<Json> {
+    ) -> Result<Vec<Json>, EngineError> {
         let called = policy
             .by_line
             .iter()
@@ -216,7 +216,7 @@ impl<S: Store> CallShard<S> {
             .chain([(None, None)]);
         let mut out = Vec::new();
         for (line_id, to) in called {
-            let Some(routed) = route(view, Some(caller), to, None, now_ms) else {
+            let Some(routed) = route(view, Some(caller), to, None, now_ms)? else {
                 break;
             };
             let target = routed.selection.chosen;
@@ -227,12 +227,12 @@ impl<S: Store> CallShard<S> {
                 "reasons": reasons_json(&routed.selection.reasons),
             }));
         }
-        out
+        Ok(out)
     }
 
     /// `GET /v1/status`: the panel contract.
     pub fn status(&self, now_ms: i64) -> Result<Json, EngineError> {
-        let view = self.decision_view()?;
+        let view = self.decision_view();
         let (policy, registry) = (&view.policy, &view.registry);
         let q = self.q();
         let last_webhook = q.counter("last_webhook_at")?;
@@ -240,7 +240,7 @@ impl<S: Store> CallShard<S> {
         let mut lines = Vec::new();
         if let Some((_, p)) = &policy {
             for (line_id, line) in &p.by_line {
-                let routed = route(&view, None, Some(&line.called_number), None, now_ms);
+                let routed = route(&view, None, Some(&line.called_number), None, now_ms)?;
                 let (target, reasons) = match &routed {
                     Some(r) => (
                         r.selection.chosen.clone(),
@@ -261,9 +261,8 @@ impl<S: Store> CallShard<S> {
         }
         let mut nodes = Vec::new();
         if let Some((_, r)) = registry {
-            for (node, state) in view.nodes() {
+            for (node, state, reasons) in view.nodes(q.all_open_calls()?, now_ms)? {
                 let entry = r.nodes.get(node);
-                let reasons = view.general_reasons(node, now_ms);
                 let hb = state.beat.as_ref().map(|b| &b.heartbeat);
                 let stale = reasons.contains(&Reason::HeartbeatStale);
                 let regressions = state.seq_regressions;
@@ -305,7 +304,7 @@ impl<S: Store> CallShard<S> {
                         caller,
                         &o.preferred_node,
                         now_ms,
-                    ))
+                    )?)
                 } else {
                     Json::Null
                 };

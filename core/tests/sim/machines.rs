@@ -34,7 +34,7 @@ pub struct Machines {
 }
 
 impl Machines {
-    pub fn new(store: SqliteStore, config: EngineConfig) -> Self {
+    pub fn new(store: SqliteStore, config: EngineConfig, now_ms: i64) -> Self {
         let store = Rc::new(store);
         let mut machines = Self {
             directory: Directory::new(store.clone(), config.allow_plaintext),
@@ -44,7 +44,7 @@ impl Machines {
             delivered: 0,
             superseded: 0,
         };
-        machines.collect();
+        machines.collect(now_ms);
         machines
     }
 
@@ -54,7 +54,7 @@ impl Machines {
 
     /// New machines on the same database, the messages in flight kept (they
     /// reach the restarted machines).
-    pub fn restart(self, config: EngineConfig) -> Self {
+    pub fn restart(self, config: EngineConfig, now_ms: i64) -> Self {
         let Self {
             store,
             directory,
@@ -65,7 +65,7 @@ impl Machines {
         } = self;
         drop((directory, shard));
         let store = Rc::try_unwrap(store).unwrap_or_else(|_| panic!("one owner"));
-        let mut machines = Self::new(store, config);
+        let mut machines = Self::new(store, config, now_ms);
         machines.in_flight.splice(0..0, in_flight);
         machines.delivered = delivered;
         machines.superseded = superseded;
@@ -73,18 +73,19 @@ impl Machines {
     }
 
     /// Takes every message both machines have to send into flight.
-    pub fn collect(&mut self) {
+    pub fn collect(&mut self, now_ms: i64) {
         while let Some(ShardOutput::Mark(mark)) = self.shard.poll_output() {
             self.in_flight.push(Message::Mark(mark));
         }
-        if let Some(DirectoryOutput::View(view)) = self.directory.poll_output().expect("view") {
+        if let Some(DirectoryOutput::View(view)) = self.directory.poll_output(now_ms).expect("view")
+        {
             self.in_flight.push(Message::View(view));
         }
     }
 
     /// Delivers the message in flight at `index`; `again` keeps a copy in
     /// flight (a duplicate). The shard's held view never goes back.
-    pub fn deliver(&mut self, index: usize, again: bool) {
+    pub fn deliver(&mut self, index: usize, again: bool, now_ms: i64) {
         let message = if again {
             self.in_flight[index].clone()
         } else {
@@ -107,13 +108,13 @@ impl Machines {
                 .expect("mark"),
         }
         self.delivered += 1;
-        self.collect();
+        self.collect(now_ms);
     }
 
     /// Delivers everything in flight, oldest first.
-    pub fn deliver_all(&mut self) {
+    pub fn deliver_all(&mut self, now_ms: i64) {
         while !self.in_flight.is_empty() {
-            self.deliver(0, false);
+            self.deliver(0, false, now_ms);
         }
     }
 
@@ -128,7 +129,7 @@ impl Machines {
         let out = self
             .directory
             .put_document(kind, body, if_match, "sim", &open_calls, now_ms);
-        self.collect();
+        self.collect(now_ms);
         out
     }
 
@@ -150,25 +151,28 @@ impl Machines {
         let out = self
             .directory
             .handle_heartbeat(caller, signed_at_s, body, open_calls, now_ms);
-        self.collect();
+        self.collect(now_ms);
         out
     }
 
     /// Runs one request of the shard and takes its marks into flight.
     pub fn on_shard<T>(
         &mut self,
+        now_ms: i64,
         request: impl FnOnce(&CallShard<Rc<SqliteStore>>) -> Result<T, EngineError>,
     ) -> Result<T, EngineError> {
         let out = request(&self.shard);
-        self.collect();
+        self.collect(now_ms);
         out
     }
 
     /// The alarm: the shard's, then the directory's retention.
     pub fn poll_alarm(&mut self, now_ms: i64) -> callfence_core::engine::AlarmWork {
-        let work = self.on_shard(|s| s.poll_alarm(now_ms)).expect("alarm");
+        let work = self
+            .on_shard(now_ms, |s| s.poll_alarm(now_ms))
+            .expect("alarm");
         self.directory.forget_unregistered(now_ms).expect("forget");
-        self.collect();
+        self.collect(now_ms);
         work
     }
 }

@@ -109,3 +109,24 @@ fn a_driver_that_resends_after_an_ambiguous_answer_is_caught() {
     assert!(caught.is_some(), "the planted resend went unnoticed");
     println!("sim: the planted resend after an ambiguous answer caught in schedule {caught:?}");
 }
+
+#[test]
+fn an_eligibility_change_acknowledged_before_the_shard_has_it_is_caught() {
+    let caught = (1..=50u64).find(|i| {
+        let mut world =
+            World::planted(i.wrapping_mul(0x9E37_79B9_7F4A_7C15), Plant::AckAtDirectory);
+        world.run();
+        world
+            .checker
+            .violations
+            .iter()
+            .any(|v| matches!(v, Violation::IneligibleChosen(_)))
+    });
+    assert!(
+        caught.is_some(),
+        "a change acknowledged at the directory alone went unnoticed"
+    );
+    println!(
+        "sim: a beat acknowledged before the shard's view held it caught in schedule {caught:?}"
+    );
+}

@@ -93,6 +93,10 @@ pub enum Plant {
     /// A delivery driver that sends an attempt again after an ambiguous
     /// answer (a timeout, a 5xx), a retry the engine never started.
     ResendAfterAmbiguous,
+    /// A Dispatcher that acknowledges a beat when the directory has it,
+    /// before the shard's view does: an eligibility change applied only
+    /// to the directory.
+    AckAtDirectory,
 }
 
 /// Core's delivery driver as the simulated Dispatcher polls it, on the
@@ -224,7 +228,7 @@ impl World {
         let mut world = Self {
             rng,
             now: T0,
-            machines: Some(Machines::new(store, config.clone())),
+            machines: Some(Machines::new(store, config.clone(), T0)),
             unacked: Vec::new(),
             config,
             nodes,
@@ -249,7 +253,7 @@ impl World {
             alarm_checks: 0,
         };
         world.write_documents();
-        world.machines().deliver_all();
+        world.machines().deliver_all(T0);
         world
     }
 
@@ -275,7 +279,8 @@ impl World {
         }
         let index = self.rng.below(n as u64) as usize;
         let again = self.rng.chance(15);
-        self.machines().deliver(index, again);
+        let now = self.now;
+        self.machines().deliver(index, again, now);
         self.acknowledge_beats();
     }
 
@@ -452,7 +457,7 @@ impl World {
         let now = self.now;
         let ingress = self
             .machines()
-            .on_shard(|s| s.handle_webhook(&envelope, &body, &headers, now))
+            .on_shard(now, |s| s.handle_webhook(&envelope, &body, &headers, now))
             .expect("engine");
         self.after_store_change();
         match ingress {
@@ -615,7 +620,7 @@ impl World {
         let now = self.now;
         let effect = self
             .machines()
-            .on_shard(|s| s.handle_report(&report, now))
+            .on_shard(now, |s| s.handle_report(&report, now))
             .expect("report");
         if let Some(before) = before {
             let after = self.dump();
@@ -674,7 +679,7 @@ impl World {
             .machines
             .as_mut()
             .expect("machines")
-            .on_shard(|s| s.handle_fence(signed(id), &req, keys, now))
+            .on_shard(now, |s| s.handle_fence(signed(id), &req, keys, now))
             .expect("fence");
         if let FenceReply::Granted(g) = reply {
             if g.first {
@@ -722,7 +727,7 @@ impl World {
             let now = self.now;
             let reply = self
                 .machines()
-                .on_shard(|s| s.handle_claim(signed(id), &claim, now))
+                .on_shard(now, |s| s.handle_claim(signed(id), &claim, now))
                 .expect("claim");
             self.after_store_change();
             let ClaimReply::Claimed { epoch, .. } = reply else {
@@ -798,7 +803,11 @@ impl World {
             .handle_heartbeat(signed(id), now / 1000, &body, now)
             .expect("beat accepted");
         self.nodes[i].seq = seq;
-        self.unacked.push((i, seq, now, truly));
+        if self.plant == Some(Plant::AckAtDirectory) {
+            self.nodes[i].beats.push((now, now, truly));
+        } else {
+            self.unacked.push((i, seq, now, truly));
+        }
     }
 
     // ---- time, alarm, operators, restarts ------------------------------------
@@ -902,7 +911,7 @@ impl World {
 
     fn restart(&mut self) {
         let machines = self.machines.take().expect("machines");
-        self.machines = Some(machines.restart(self.config.clone()));
+        self.machines = Some(machines.restart(self.config.clone(), self.now));
         self.next_alarm = Some(self.now);
     }
 
@@ -988,13 +997,13 @@ impl World {
         let refused = [
             (
                 "fence",
-                e.on_shard(|s| s.handle_fence(caller, &fence, keys, now))
+                e.on_shard(now, |s| s.handle_fence(caller, &fence, keys, now))
                     .expect("fence")
                     == FenceReply::UnknownNodeKey,
             ),
             (
                 "claim",
-                e.on_shard(|s| s.handle_claim(caller, &claim, now))
+                e.on_shard(now, |s| s.handle_claim(caller, &claim, now))
                     .expect("claim")
                     == ClaimReply::NotRegistered,
             ),
@@ -1007,7 +1016,7 @@ impl World {
             ),
             (
                 "media_verify",
-                e.on_shard(|s| s.handle_media_verify(caller, "t", keys, now))
+                e.on_shard(now, |s| s.handle_media_verify(caller, "t", keys, now))
                     .expect("media")
                     == MediaReply::UnknownNodeKey,
             ),
