@@ -11,6 +11,13 @@ use std::cell::RefCell;
 use std::ops::Deref;
 use std::rc::Rc;
 
+/// How a view reads one node's open calls.
+type LoadOpenCalls<'a> = Box<dyn Fn(&str) -> Result<u32, EngineError> + 'a>;
+
+/// A registered node in a status read: its id, state and the general
+/// reasons it is ineligible.
+pub(crate) type NodeRead<'v> = (&'v String, NodeNow, Vec<Reason>);
+
 /// The view one decision (or one read) is made on. A node's open calls are
 /// read when the decision first visits the node (one primary-key read), so
 /// a decision costs the same whatever the number of registered nodes.
@@ -18,7 +25,7 @@ pub(crate) struct ShardView<'a> {
     directory: Rc<DirectoryView>,
     marks: PerNode<Health>,
     open_calls: RefCell<PerNode<u32>>,
-    load: Box<dyn Fn(&str) -> Result<u32, EngineError> + 'a>,
+    load: LoadOpenCalls<'a>,
 }
 
 impl Deref for ShardView<'_> {
@@ -95,7 +102,7 @@ impl ShardView<'_> {
         &self,
         all_open_calls: PerNode<u32>,
         now_ms: i64,
-    ) -> Result<Vec<(&String, NodeNow, Vec<Reason>)>, EngineError> {
+    ) -> Result<Vec<NodeRead<'_>>, EngineError> {
         *self.open_calls.borrow_mut() = all_open_calls;
         let mut out = Vec::with_capacity(self.directory.nodes.len());
         for name in self.directory.nodes.keys() {
