@@ -39,7 +39,7 @@
 // 10. the Dispatcher on its own, driven from a driver Worker in the same
 //     workerd (CONCURRENCY in flight): full assignments (`webhook`), the
 //     same assignments' SQL writes alone (`writes_only`, under the test-only
-//     CALLFENCE_TEST_WRITES_ONLY: the same 9 writes in the same 2 commits,
+//     CALLFENCE_TEST_WRITES_ONLY: the same 8 writes in the same 2 commits,
 //     no reads, no decision, no forward), and `ping`; and the ratios of the
 //     assignment rates to the writes-only rate.
 //
@@ -1149,7 +1149,7 @@ async function main() {
       floor
         ? `  of which the wasm alone does (examples/wasm_crypto.rs, release profile, Node's V8 ${floor.v8}, median of 15 x 100): Telnyx signature check ${floor.verify.toFixed(0)} us, envelope parse ${floor.parse.toFixed(0)} us; and in the Dispatcher, minting the assertion ${floor.mint.toFixed(0)} us`
         : "  (the wasm floor needs BENCH_WASM_CRYPTO: run make bench)",
-      `Dispatcher alone (${THROUGHPUT_CALLS} messages each, ${CONCURRENCY} in flight, from a driver Worker in the same workerd): full assignments (webhook message: decision, forward, report) ${alone.webhook.toFixed(0)}/s (${alone.shed} shed as overloaded, not counted); the same assignments' writes only (writes_only: the same 9 writes in the same 2 commits; no reads, no decision, no forward, no alarm) ${alone.writes === null ? "(not in this build)" : `${alone.writes.toFixed(0)}/s`}; ping (the request hop alone) ${alone.ping.toFixed(0)}/s`,
+      `Dispatcher alone (${THROUGHPUT_CALLS} messages each, ${CONCURRENCY} in flight, from a driver Worker in the same workerd): full assignments (webhook message: decision, forward, report) ${alone.webhook.toFixed(0)}/s (${alone.shed} shed as overloaded, not counted); the same assignments' writes only (writes_only: the same 8 writes in the same 2 commits; no reads, no decision, no forward, no alarm) ${alone.writes === null ? "(not in this build)" : `${alone.writes.toFixed(0)}/s`}; ping (the request hop alone) ${alone.ping.toFixed(0)}/s`,
       `  ratio to the writes-only rate: assignments through the Worker ${alone.writes === null ? "?" : (rate / alone.writes).toFixed(2)}x, assignments sent to the Dispatcher directly ${alone.writes === null ? "?" : (alone.webhook / alone.writes).toFixed(2)}x`,
       `Dispatcher time per webhook (its profile, sequential phase; ms sums of Date.now, so means over ${profile.webhook.count} requests):`,
       ...["webhook", "report"]

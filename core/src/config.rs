@@ -52,7 +52,7 @@ pub struct EngineConfig {
     /// Background timing.
     pub timing: Timing,
     /// `SESSION_CAP`: the sessions table's row cap (SPEC §9), at least 1.
-    /// The legs' and events' caps are [`ROWS_PER_SESSION`] times it.
+    /// The legs' and events' caps are [`ROWS_PER_SESSION`](crate::shard::ROWS_PER_SESSION) times it.
     pub session_cap: i64,
 }
 

@@ -44,15 +44,29 @@
 //!   Prometheus text exposition (SPEC §17).
 //!
 //! State (SQL through [`store::Store`], schema in `migrations/`):
-//! - [`store`]: the storage trait, values, migrations runner, rusqlite backend.
-//! - [`engine`]: the Dispatcher state machine: documents, heartbeats,
-//!   ownership (typed states with guarded transitions), the event ledger,
-//!   fences, claims, media checks, the (node, key id) check of node ops, the
-//!   re-forward rule, the alarm and its due time, and the read-only views
-//!   (status, preview, decisions, calls); its SQL is one query module.
+//! - [`store`]: the storage trait, values, migrations runner, rusqlite backend;
+//!   `sql`: what every machine's statements share (running one, reading a
+//!   column, the named counters).
+//! - [`config`], [`error`]: the Dispatcher's configuration and its one
+//!   failure that is not a business answer.
+//! - [`directory`]: the directory machine (SPEC §16): documents, keys,
+//!   heartbeats, forward health, the probe's admission, and the view it
+//!   sends the call shards.
+//! - [`shard`]: the call-shard machine: ownership (typed states with
+//!   guarded transitions), the event ledger, fences, claims, media checks,
+//!   the re-forward rule, decisions, the alarm and its due time, and the
+//!   read-only views (status, preview, decisions, calls).
+//! - [`messages`]: the two messages between them, the directory's
+//!   [`messages::DirectoryView`] and a shard's [`messages::ForwardMark`],
+//!   versioned, and safe to deliver late, twice or out of order.
+//! - [`engine`]: the two machines composed in one object, their messages
+//!   passed synchronously; what the Durable Object runs.
 //! - [`delivery`]: the one delivery driver: what to send where with which
 //!   budget, the report of its answer, and what comes next (the new owner,
 //!   or the carrier's answer), polled by every shell that delivers.
+//!
+//! Imports go one way: `engine` uses `directory` and `shard`, which use
+//! `messages` and never each other.
 //!
 //! # Invariants
 //!
@@ -119,6 +133,7 @@ pub mod refusal;
 pub mod registry;
 pub mod selection;
 pub mod shard;
+pub(crate) mod sql;
 pub mod store;
 pub mod telnyx;
 pub mod time;

@@ -41,7 +41,7 @@ use crate::error::EngineError;
 use crate::messages::{DirectoryView, ForwardMark, Health, PerNode};
 use crate::policy::RoutingPolicy;
 use crate::registry::NodeRegistry;
-use crate::store::queries::Queries;
+use crate::sql::Queries;
 use crate::store::{Store, StoreError};
 use std::cell::RefCell;
 use std::collections::HashMap;

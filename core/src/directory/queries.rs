@@ -4,7 +4,7 @@
 
 use crate::error::EngineError;
 use crate::messages::{Health, PerNode};
-use crate::store::queries::{int, text, Queries};
+use crate::sql::{int, text, Queries};
 use crate::store::{Store, Value};
 
 /// A node's last accepted beat as the replay and seq checks read it.

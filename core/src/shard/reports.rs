@@ -20,7 +20,7 @@ pub const MAX_HOPS: u32 = 3;
 /// reported included), a reassigned event is sent to its new owner at once
 /// only while a hop is left and the carrier's remaining budget is worth it;
 /// otherwise the carrier is answered 503 `reassigned` and the alarm
-/// delivers. The engine applies it in [`Engine::handle_report`]; the
+/// delivers. The engine applies it in [`CallShard::handle_report`](super::CallShard::handle_report); the
 /// delivery driver ([`crate::delivery`]) bounds its hops by [`MAX_HOPS`].
 pub fn may_reforward(hops: u32, budget_left_ms: i64) -> bool {
     hops < MAX_HOPS && budget_left_ms >= MIN_REFORWARD_BUDGET_MS

@@ -16,7 +16,6 @@
 #[cfg(not(target_arch = "wasm32"))]
 pub mod sqlite;
 
-pub(crate) mod queries;
 mod value;
 
 pub use value::{Row, Value};

@@ -90,7 +90,7 @@ mod load;
 mod retention;
 mod sessions;
 
-pub(crate) use crate::store::queries::{int, text, Queries};
+pub(crate) use crate::sql::{int, text, Queries};
 
 /// The alarm's facts: is anything parked, the earliest re-drive or lease
 /// end, and is anything open or stored at all (the sweep). Each part is one
