@@ -112,7 +112,7 @@ fn a_driver_that_resends_after_an_ambiguous_answer_is_caught() {
 
 #[test]
 fn an_eligibility_change_acknowledged_before_the_shard_has_it_is_caught() {
-    let caught = (1..=50u64).find(|i| {
+    let caught = (1..=200u64).find(|i| {
         let mut world =
             World::planted(i.wrapping_mul(0x9E37_79B9_7F4A_7C15), Plant::AckAtDirectory);
         world.run();
