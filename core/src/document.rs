@@ -1,7 +1,7 @@
 //! Versioned documents: the compare-and-set precondition of a PUT (SPEC §4).
 //!
-//! Both documents (the routing policy and the node registry) are written by
-//! compare-and-set on their revision. The expected revision comes from a
+//! The documents (the routing policy, the node registry and the shard map)
+//! are written by compare-and-set on their revision. The expected revision comes from a
 //! strong `If-Match: "N"` header, or, when that header is absent, from a
 //! `revision` field in the body (the panel's habit). [`expected_revision`]
 //! reads it; comparing it with the stored revision is the engine's job.
@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::MAX_SAFE_INTEGER;
 
-/// Largest PUT body for either document, in bytes (256 KiB).
+/// Largest PUT body for the policy and the registry, in bytes (256 KiB).
 pub const MAX_DOCUMENT_BODY: usize = 256 * 1024;
 
 /// Which versioned document.
@@ -23,20 +23,27 @@ pub enum DocKind {
     Policy,
     /// The node registry (`/v1/nodes`).
     Nodes,
+    /// The shard map (`/v1/shards`, SPEC §16).
+    Shards,
 }
 
 impl DocKind {
-    /// The document's name: `policy` or `nodes`.
+    /// The document's name: `policy`, `nodes` or `shards`.
     pub fn as_str(&self) -> &'static str {
         match self {
             DocKind::Policy => "policy",
             DocKind::Nodes => "nodes",
+            DocKind::Shards => "shards",
         }
     }
 
-    /// Largest accepted PUT body, in bytes (256 KiB for both).
+    /// Largest accepted PUT body, in bytes (256 KiB for the policy and the
+    /// registry, 4 KiB for the shard map).
     pub fn max_body(&self) -> usize {
-        MAX_DOCUMENT_BODY
+        match self {
+            DocKind::Policy | DocKind::Nodes => MAX_DOCUMENT_BODY,
+            DocKind::Shards => crate::shard_map::MAX_SHARDS_BODY,
+        }
     }
 
     /// The value the document's `schema` field must have.
@@ -44,6 +51,7 @@ impl DocKind {
         match self {
             DocKind::Policy => crate::policy::POLICY_SCHEMA,
             DocKind::Nodes => crate::registry::NODES_SCHEMA,
+            DocKind::Shards => crate::shard_map::SHARDS_SCHEMA,
         }
     }
 }
@@ -119,6 +127,7 @@ mod tests {
         assert_eq!(DocKind::Nodes.as_str(), "nodes");
         assert_eq!(DocKind::Policy.max_body(), 262_144);
         assert_eq!(DocKind::Nodes.max_body(), 262_144);
+        assert_eq!(DocKind::Shards.max_body(), 4096);
         assert_eq!(DocKind::Policy.schema(), "riff_node_routing_policy_v1");
         assert_eq!(DocKind::Nodes.schema(), "callfence_nodes_v1");
     }

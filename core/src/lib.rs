@@ -30,6 +30,8 @@
 //!   whether it is inside the edge's network.
 //! - [`policy`]: the routing policy and its resolution rule.
 //! - [`document`]: revision preconditions (`If-Match` or a body `revision`).
+//! - [`shard_map`]: the shard map document (SPEC §16) and the rollback
+//!   floor its history sets.
 //! - [`refusal`]: every refusal the edge answers: stable code, HTTP status,
 //!   `Retry-After` and body fields, in one table.
 //!
@@ -133,6 +135,7 @@ pub mod refusal;
 pub mod registry;
 pub mod selection;
 pub mod shard;
+pub mod shard_map;
 pub(crate) mod sql;
 pub mod store;
 pub mod telnyx;

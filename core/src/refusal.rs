@@ -181,7 +181,10 @@ impl Refusal {
                 DocumentRefusal::NodeInUse(_) => "node_in_use",
                 DocumentRefusal::Absent(DocKind::Nodes) => "no_nodes",
                 DocumentRefusal::Absent(DocKind::Policy) => "no_policy",
-                DocumentRefusal::UnknownRevision => "unknown_revision",
+                // The shard map is never absent (one shard at revision 0).
+                DocumentRefusal::UnknownRevision | DocumentRefusal::Absent(DocKind::Shards) => {
+                    "unknown_revision"
+                }
             },
         }
     }

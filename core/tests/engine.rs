@@ -2,9 +2,11 @@
 //! does not drive (claims and outgoing sessions, the pending window closing,
 //! refused deliveries after an ambiguous one, media checks, heartbeat replay,
 //! the preview of a draft policy, the status view's stale marks, the
-//! open-call count across a rollback to the previous release, and issue 18's
-//! claim flood against a live call under a small row cap).
+//! open-call count across a rollback to the previous release, issue 18's
+//! claim flood against a live call under a small row cap, and the shard
+//! map's history behind the rollback floor).
 
+use callfence_core::directory::DocError;
 use callfence_core::document::DocKind;
 use callfence_core::encoding::b64_encode;
 use callfence_core::engine::{
@@ -15,6 +17,7 @@ use callfence_core::engine::{
 };
 use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, Mode, HEARTBEAT_SCHEMA};
 use callfence_core::media::MediaKeys;
+use callfence_core::shard_map::{RollbackFloor, ShardMap, SHARDS_SCHEMA};
 use callfence_core::store::sqlite::SqliteStore;
 use callfence_core::store::{migrate, migrate_with, Store, Value, MIGRATIONS};
 use callfence_core::telnyx::parse_envelope;
@@ -1113,4 +1116,61 @@ fn a_shard_keeps_the_newest_view_and_a_restarted_directory_s_first_view_wins() {
     unknown.as_of_ms = 9_000;
     shard.handle_input(ShardInput::View(Rc::new(unknown)));
     assert!(Rc::ptr_eq(&shard.directory_view(), &third));
+}
+
+#[test]
+fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history() {
+    const HOUR: i64 = 3_600_000;
+    let w = World::new();
+    let directory = w.engine.directory();
+    let retention = w.engine.config().timing.retention_ms;
+    assert_eq!(directory.shard_map().unwrap(), (0, ShardMap::default()));
+    let (rev, doc) = w.engine.get_document(DocKind::Shards, None).unwrap();
+    assert_eq!(
+        (rev, doc),
+        (
+            0,
+            json!({"schema": SHARDS_SCHEMA, "call_shards": 1, "revision": 0})
+        )
+    );
+    let floor = |at: i64| directory.rollback_floor(at, retention).unwrap();
+    assert_eq!(floor(T0), RollbackFloor::V1_3);
+
+    // This release refuses to widen the map, and nothing is stored.
+    let put = |n: u64, if_match: &str, at: i64| {
+        let doc = json!({"schema": SHARDS_SCHEMA, "call_shards": n});
+        w.engine.put_document(
+            DocKind::Shards,
+            doc.to_string().as_bytes(),
+            Some(if_match),
+            "t",
+            at,
+        )
+    };
+    assert!(
+        matches!(put(4, "\"0\"", T0), Err(DocError::InvalidDocument(p)) if p[0].path == "/call_shards")
+    );
+    assert_eq!(put(1, "\"0\"", T0), Ok(1));
+    assert_eq!(floor(T0 + HOUR), RollbackFloor::V1_3);
+
+    // A later release grew the map to 4 (its row as that release stores it);
+    // rolled back to this one, the map in force is told as it is.
+    let wide = json!({"schema": SHARDS_SCHEMA, "call_shards": 4}).to_string();
+    w.engine
+        .store()
+        .exec(
+            "INSERT INTO documents (kind, revision, body, written_at, writer_fp) VALUES ('shards', 2, ?, ?, 't')",
+            &[Value::Text(wide), Value::Int(T0 + HOUR)],
+        )
+        .unwrap();
+    assert_eq!(
+        directory.shard_map().unwrap(),
+        (2, ShardMap { call_shards: 4 })
+    );
+    assert_eq!(floor(T0 + 2 * HOUR), RollbackFloor::V1_4);
+    // Shrunk back to one: the floor stays until the retention has passed.
+    let shrunk_at = T0 + 3 * HOUR;
+    assert_eq!(put(1, "\"2\"", shrunk_at), Ok(3));
+    assert_eq!(floor(shrunk_at + retention - 1), RollbackFloor::V1_4);
+    assert_eq!(floor(shrunk_at + retention + 1), RollbackFloor::V1_3);
 }

@@ -3,7 +3,7 @@
 //! refused by both, and anything the validators accept serialises to a
 //! document the schemas accept. The validators never panic on arbitrary JSON.
 //!
-//! Files in `policy/invalid/` are named `<nodes|policy>.<rule>.json`; the
+//! Files in `policy/invalid/` are named `<nodes|policy|shards>.<rule>.json`; the
 //! prefix says which schema and validator apply. Each breaks one rule, so the
 //! validator must report exactly one problem for it.
 
@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 use boon::{Compiler, SchemaIndex, Schemas};
 use callfence_core::policy::{self, RoutingPolicy};
 use callfence_core::registry::{self, NodeRegistry};
+use callfence_core::shard_map;
 use callfence_core::time::parse_ms;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
@@ -38,9 +39,10 @@ struct Compiled {
     schemas: Schemas,
     nodes: SchemaIndex,
     policy: SchemaIndex,
+    shards: SchemaIndex,
 }
 
-/// Both schemas, compiled once, with `format` asserted (draft 2020-12 treats
+/// The schemas, compiled once, with `format` asserted (draft 2020-12 treats
 /// it as an annotation unless asked).
 fn compiled() -> &'static Compiled {
     static COMPILED: OnceLock<Compiled> = OnceLock::new();
@@ -60,10 +62,12 @@ fn compiled() -> &'static Compiled {
         };
         let nodes = index("nodes.schema.json");
         let policy = index("policy.schema.json");
+        let shards = index("shards.schema.json");
         Compiled {
             schemas,
             nodes,
             policy,
+            shards,
         }
     })
 }
@@ -101,9 +105,15 @@ fn examples_pass_schema_and_validator() {
     assert_eq!(pol.by_line.len(), 2);
     assert!(pol.by_caller.is_empty());
 
+    let doc = load(&policy_dir().join("shards.example.json"));
+    assert_eq!(schema_errors(c.shards, &doc), None);
+    let map = shard_map::validate(&doc).expect("shard map example is valid");
+    assert_eq!(map.call_shards, 1);
+
     // The canonical forms the server stores and serves pass the schemas too.
     assert_eq!(schema_errors(c.nodes, &reg.to_json()), None);
     assert_eq!(schema_errors(c.policy, &pol.to_json()), None);
+    assert_eq!(schema_errors(c.shards, &map.to_json()), None);
 }
 
 #[test]
@@ -154,7 +164,7 @@ fn every_invalid_document_is_refused_by_schema_and_validator() {
         "expected the invalid corpus, found {}",
         entries.len()
     );
-    let (mut nodes_seen, mut policy_seen) = (0, 0);
+    let (mut nodes_seen, mut policy_seen, mut shards_seen) = (0, 0, 0);
     for path in entries {
         let name = path
             .file_name()
@@ -168,8 +178,11 @@ fn every_invalid_document_is_refused_by_schema_and_validator() {
         } else if name.starts_with("policy.") {
             policy_seen += 1;
             (c.policy, policy::validate(&doc, &reg, None, now_ms()).err())
+        } else if name.starts_with("shards.") {
+            shards_seen += 1;
+            (c.shards, shard_map::validate(&doc).err())
         } else {
-            panic!("{name}: name must start with nodes. or policy.");
+            panic!("{name}: name must start with nodes., policy. or shards.");
         };
         assert!(
             schema_errors(schema, &doc).is_some(),
@@ -183,7 +196,7 @@ fn every_invalid_document_is_refused_by_schema_and_validator() {
         );
         assert!(!problems[0].problem.is_empty(), "{name}");
     }
-    assert!(nodes_seen > 0 && policy_seen > 0);
+    assert!(nodes_seen > 0 && policy_seen > 0 && shards_seen > 0);
 }
 
 // ---- property tests -------------------------------------------------------

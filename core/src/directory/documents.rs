@@ -1,11 +1,12 @@
-//! Documents: the node registry and routing policy, stored by revision with
-//! compare-and-set (SPEC §4).
+//! Documents: the node registry, the routing policy and the shard map,
+//! stored by revision with compare-and-set (SPEC §4, §16).
 
 use super::{Directory, EngineError};
 use crate::document::{expected_revision, DocKind, PreconditionError};
 use crate::messages::PerNode;
 use crate::policy::{CallerOverride, Line, RoutingPolicy};
 use crate::problem::Problem;
+use crate::shard_map::{self, MapRevision, RollbackFloor, ShardMap};
 use crate::store::Store;
 use crate::time::parse_ms;
 use serde_json::Value as Json;
@@ -72,21 +73,66 @@ impl<S: Store> Directory<S> {
         Ok(match kind {
             DocKind::Nodes => self.registry()?.map_or(0, |(r, _)| r),
             DocKind::Policy => self.policy()?.map_or(0, |(r, _)| r),
+            DocKind::Shards => self.latest_document(kind)?.map_or(0, |(r, _)| r),
         })
     }
 
-    /// `GET /v1/policy` and `GET /v1/nodes`: the document with `revision`
-    /// filled in; `revision` picks one of the kept revisions.
+    /// The shard map in force and its revision: one shard at revision 0
+    /// before any PUT.
+    pub fn shard_map(&self) -> Result<(u64, ShardMap), EngineError> {
+        match self.latest_document(DocKind::Shards)? {
+            None => Ok((0, ShardMap::default())),
+            Some((revision, doc)) => ShardMap::load(&doc)
+                .map(|map| (revision, map))
+                .ok_or_else(|| EngineError::Corrupt("stored shard map".into())),
+        }
+    }
+
+    /// The oldest release this deployment can be rolled back to, from the
+    /// map's kept revisions and the retention (SPEC §16).
+    pub fn rollback_floor(
+        &self,
+        now_ms: i64,
+        retention_ms: i64,
+    ) -> Result<RollbackFloor, EngineError> {
+        let kept = self
+            .q()
+            .document_history(DocKind::Shards.as_str())?
+            .into_iter()
+            .map(|(revision, body, written_at_ms)| {
+                let doc = parse_row(DocKind::Shards, (revision, body))?.1;
+                let map = ShardMap::load(&doc)
+                    .ok_or_else(|| EngineError::Corrupt("stored shard map".into()))?;
+                Ok(MapRevision {
+                    revision: revision as u64,
+                    call_shards: map.call_shards,
+                    written_at_ms,
+                })
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        Ok(shard_map::rollback_floor(&kept, now_ms, retention_ms))
+    }
+
+    /// `GET /v1/policy`, `/v1/nodes` and `/v1/shards`: the document with
+    /// `revision` filled in; `revision` picks one of the kept revisions.
+    /// The shard map is never absent: before any PUT it is one shard at
+    /// revision 0.
     pub fn get_document(
         &self,
         kind: DocKind,
         revision: Option<u64>,
     ) -> Result<(u64, Json), DocError> {
+        let shards = kind == DocKind::Shards;
+        let initial_map = || Some((0, ShardMap::default().to_json()));
         let found = match revision {
-            None => self.latest_document(kind)?,
+            Some(0) if shards => initial_map(),
+            None => match self.latest_document(kind)? {
+                None if shards => initial_map(),
+                found => found,
+            },
             Some(rev) => match self.q().document(kind.as_str(), rev)? {
                 Some(row) => Some(parse_row(kind, row)?),
-                None if self.revision(kind)? == 0 => None,
+                None if !shards && self.revision(kind)? == 0 => None,
                 None => return Err(DocError::UnknownRevision),
             },
         };
@@ -97,7 +143,7 @@ impl<S: Store> Directory<S> {
         Ok((rev, doc))
     }
 
-    /// `PUT /v1/policy` and `PUT /v1/nodes`: validates, checks the revision
+    /// `PUT /v1/policy`, `/v1/nodes` and `/v1/shards`: validates, checks the revision
     /// precondition and stores revision N+1. Returns the new revision.
     /// `open_calls` is the shards' open calls per node: a registry that
     /// removes a node, or a key of it, while it has any is `node_in_use`.
@@ -128,6 +174,9 @@ impl<S: Store> Directory<S> {
             let canonical = match kind {
                 DocKind::Nodes => self.validate_registry(&doc, open_calls)?,
                 DocKind::Policy => self.validate_policy(&doc, now_ms)?,
+                DocKind::Shards => shard_map::validate(&doc)
+                    .map_err(DocError::InvalidDocument)?
+                    .to_json(),
             };
             let next = current + 1;
             if next > crate::MAX_SAFE_INTEGER {

@@ -185,13 +185,15 @@ impl<S: Store> Directory<S> {
         Ok(loaded)
     }
 
-    /// Forgets a cached document after a write.
+    /// Forgets a cached document after a write. The shard map is not in
+    /// the shards' view: its write changes no view.
     fn invalidate(&self, kind: DocKind, now_ms: i64) {
         {
             let mut cache = self.cache.borrow_mut();
             match kind {
                 DocKind::Nodes => cache.nodes = None,
                 DocKind::Policy => cache.policy = None,
+                DocKind::Shards => return,
             }
         }
         self.changed(now_ms);

@@ -203,6 +203,24 @@ impl<S: Store> Queries<'_, S> {
             .and_then(|r| Some((int(r, 0)?, text(r, 1)?))))
     }
 
+    /// Every kept revision of a document, oldest first: revision, body,
+    /// write time.
+    pub(in crate::directory) fn document_history(
+        &self,
+        kind: &str,
+    ) -> Result<Vec<(i64, String, i64)>, EngineError> {
+        self.run(
+            "SELECT revision, body, written_at FROM documents WHERE kind = ? ORDER BY revision",
+            &[kind.into()],
+        )?
+        .iter()
+        .map(|r| {
+            let row = || Some((int(r, 0)?, text(r, 1)?, int(r, 2)?));
+            row().ok_or_else(|| EngineError::Corrupt("stored document row".into()))
+        })
+        .collect()
+    }
+
     /// Stores revision `revision` and drops those older than the kept ones.
     pub(in crate::directory) fn insert_document(
         &self,
