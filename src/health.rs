@@ -23,18 +23,19 @@ pub fn keys(published: &[PublishedKey]) -> Value {
     json!({ "keys": keys })
 }
 
-/// What the Dispatcher said to a `ping`: the `documents` it reported, or
-/// `None` when it could not be asked.
-pub async fn ping(env: &Env) -> Option<Value> {
+/// What the Dispatcher said to a `ping`, or `None` when it could not be
+/// asked.
+pub async fn ping(env: &Env) -> Option<Documents> {
     match protocol::call::<Documents>(env, &Request::Ping, b"").await {
-        Ok(Reply::Done(reply)) => Some(json!(reply.documents)),
+        Ok(Reply::Done(reply)) => Some(reply),
         Ok(Reply::Refused(_)) | Err(_) => None,
     }
 }
 
 /// `GET /v1/health` (always 200 for an admin): capabilities, whether the
-/// Dispatcher answers, and which documents exist (`null` when it does not).
-pub fn health(config: &Config, documents: Option<Value>) -> Value {
+/// Dispatcher answers, which documents exist, the shard map and the
+/// rollback floor (`null` where the Dispatcher could not say).
+pub fn health(config: &Config, ping: Option<Documents>) -> Value {
     let capabilities: serde_json::Map<String, Value> = Capability::ALL
         .into_iter()
         .map(|c| {
@@ -46,18 +47,20 @@ pub fn health(config: &Config, documents: Option<Value>) -> Value {
             (c.as_str().to_owned(), Value::from(state))
         })
         .collect();
-    let reachable = documents.is_some();
-    let documents = documents.map(|d| {
-        json!({
-            "policy": d.get("policy").and_then(Value::as_bool).unwrap_or(false),
-            "nodes": d.get("nodes").and_then(Value::as_bool).unwrap_or(false),
-        })
-    });
+    let reachable = ping.is_some();
+    let map = ping.as_ref().and_then(|p| p.shards.as_ref());
     json!({
         "status": if config.all_ok() && reachable { "ok" } else { "degraded" },
         "capabilities": capabilities,
         "dispatcher": if reachable { "reachable" } else { "unreachable" },
-        "documents": documents,
+        "documents": ping.as_ref().map(|p| json!(p.documents)),
+        // Every call shard of this release is `global`, which answered.
+        "shards": map.map(|m| json!({
+            "call_shards": m.call_shards,
+            "map_revision": m.map_revision,
+            "unreachable": [],
+        })),
+        "rollback_floor": map.map(|m| m.rollback_floor.as_str()),
     })
 }
 
@@ -65,6 +68,7 @@ pub fn health(config: &Config, documents: Option<Value>) -> Value {
 mod tests {
     use super::*;
     use crate::config::KeyState;
+    use crate::protocol::{MapState, Present};
 
     fn config(vars: &[(&str, &str)]) -> Config {
         Config::parse(|name| {
@@ -88,14 +92,39 @@ mod tests {
             json!({"status": "degraded",
                    "capabilities": {"ingress": "misconfigured", "node_routes": "misconfigured",
                                     "admin": "misconfigured", "key_publication": "misconfigured"},
-                   "dispatcher": "unreachable", "documents": null})
+                   "dispatcher": "unreachable", "documents": null, "shards": null,
+                   "rollback_floor": null})
         );
-        let body = health(
-            &config(&[]),
-            Some(json!({"policy": true, "nodes": false, "future": 1})),
-        );
+        let ping = Documents {
+            documents: Present {
+                policy: true,
+                nodes: false,
+            },
+            shards: Some(MapState {
+                call_shards: 1,
+                map_revision: 2,
+                rollback_floor: "v1.3".into(),
+            }),
+        };
+        let body = health(&config(&[]), Some(ping.clone()));
         assert_eq!(body["dispatcher"], "reachable");
         assert_eq!(body["documents"], json!({"policy": true, "nodes": false}));
+        assert_eq!(
+            body["shards"],
+            json!({"call_shards": 1, "map_revision": 2, "unreachable": []})
+        );
+        assert_eq!(body["rollback_floor"], "v1.3");
+        let older = health(
+            &config(&[]),
+            Some(Documents {
+                shards: None,
+                ..ping
+            }),
+        );
+        assert_eq!(
+            (&older["shards"], &older["rollback_floor"]),
+            (&Value::Null, &Value::Null)
+        );
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub async fn handle(
     body: Vec<u8>,
 ) -> Result<Answer, ApiError> {
     let request = match route {
-        Route::GetPolicy | Route::GetNodes => {
+        Route::GetPolicy | Route::GetNodes | Route::GetShards => {
             let request = ProtocolRequest::GetDocument {
                 kind: kind(route),
                 revision: number(req, "revision")?,
@@ -61,7 +61,7 @@ pub async fn handle(
                 Err(_) => Err(ApiError::dispatcher_unavailable()),
             };
         }
-        Route::PutPolicy | Route::PutNodes => {
+        Route::PutPolicy | Route::PutNodes | Route::PutShards => {
             let request = ProtocolRequest::PutDocument {
                 kind: kind(route),
                 if_match: req.headers().get("If-Match").ok().flatten(),
@@ -101,6 +101,7 @@ pub async fn handle(
 fn kind(route: &Route) -> DocKind {
     match route {
         Route::GetNodes | Route::PutNodes => DocKind::Nodes,
+        Route::GetShards | Route::PutShards => DocKind::Shards,
         _ => DocKind::Policy,
     }
 }

@@ -466,6 +466,21 @@ pub fn decode_request(url_op: &str, bytes: &[u8]) -> Result<Message, MessageErro
 pub struct Documents {
     /// Which documents exist.
     pub documents: Present,
+    /// The shard map in force and the rollback floor (`None` from a
+    /// Dispatcher older than v1.4).
+    #[serde(default)]
+    pub shards: Option<MapState>,
+}
+
+/// The shard map as `GET /v1/health` shows it (SPEC §13, §16).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapState {
+    /// The map's `call_shards`.
+    pub call_shards: u64,
+    /// Its revision (0 before any PUT).
+    pub map_revision: u64,
+    /// The oldest release the deployment can be rolled back to.
+    pub rollback_floor: String,
 }
 
 /// Which documents were ever written.
@@ -896,21 +911,28 @@ mod tests {
 
     #[test]
     fn replies_round_trip() {
-        let done = encode_done(&Documents {
+        let documents = Documents {
             documents: Present {
                 policy: false,
                 nodes: true,
             },
-        });
+            shards: Some(MapState {
+                call_shards: 1,
+                map_revision: 3,
+                rollback_floor: "v1.3".into(),
+            }),
+        };
+        let done = encode_done(&documents);
         assert_eq!(
             decode_reply::<Documents>(200, done.as_bytes()).unwrap(),
-            Reply::Done(Documents {
-                documents: Present {
-                    policy: false,
-                    nodes: true
-                }
-            })
+            Reply::Done(documents)
         );
+        // A v1.3 Dispatcher's ping has no map.
+        let older = encode_done(&json!({"documents": {"policy": true, "nodes": true}}));
+        assert!(matches!(
+            decode_reply::<Documents>(200, older.as_bytes()).unwrap(),
+            Reply::Done(Documents { shards: None, .. })
+        ));
         let refused = encode_refused(503, "no_eligible_node", Some(1), json!({"hint": 5}));
         assert_eq!(
             decode_reply::<Documents>(200, refused.as_bytes()).unwrap(),

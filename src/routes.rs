@@ -44,6 +44,10 @@ pub enum Route {
     GetNodes,
     /// `PUT /v1/nodes`.
     PutNodes,
+    /// `GET /v1/shards`: the shard map (SPEC §16).
+    GetShards,
+    /// `PUT /v1/shards`.
+    PutShards,
     /// `POST /v1/routing/preview`.
     Preview,
     /// `GET /v1/status`.
@@ -102,6 +106,13 @@ impl Route {
                     Route::PutNodes
                 }
             }),
+            "/v1/shards" => (&["GET", "PUT"], |m| {
+                if m == "GET" {
+                    Route::GetShards
+                } else {
+                    Route::PutShards
+                }
+            }),
             "/v1/routing/preview" => (&["POST"], |_| Route::Preview),
             "/v1/status" => (&["GET"], |_| Route::Status),
             "/v1/decisions" => (&["GET"], |_| Route::Decisions),
@@ -140,6 +151,8 @@ impl Route {
             | Route::PutPolicy
             | Route::GetNodes
             | Route::PutNodes
+            | Route::GetShards
+            | Route::PutShards
             | Route::Preview
             | Route::Status
             | Route::Decisions
@@ -158,9 +171,12 @@ impl Route {
             Route::Heartbeat | Route::Fence | Route::Claims | Route::MediaVerify | Route::Probe => {
                 Guard::Node
             }
-            Route::Health | Route::GetNodes | Route::PutNodes | Route::Events => {
-                Guard::Bearer(Access::AdminOnly)
-            }
+            Route::Health
+            | Route::GetNodes
+            | Route::PutNodes
+            | Route::GetShards
+            | Route::PutShards
+            | Route::Events => Guard::Bearer(Access::AdminOnly),
             Route::GetPolicy
             | Route::PutPolicy
             | Route::Preview
@@ -178,9 +194,12 @@ impl Route {
             Route::Webhook => 64 * KIB,
             Route::PutPolicy | Route::PutNodes => 256 * KIB,
             Route::Heartbeat => 16 * KIB,
-            Route::Fence | Route::Claims | Route::MediaVerify | Route::Probe | Route::Preview => {
-                4 * KIB
-            }
+            Route::Fence
+            | Route::Claims
+            | Route::MediaVerify
+            | Route::Probe
+            | Route::Preview
+            | Route::PutShards => 4 * KIB,
             _ => 0,
         }
     }
@@ -214,6 +233,8 @@ mod tests {
             ("PUT", "/v1/policy", Route::PutPolicy),
             ("GET", "/v1/nodes", Route::GetNodes),
             ("PUT", "/v1/nodes", Route::PutNodes),
+            ("GET", "/v1/shards", Route::GetShards),
+            ("PUT", "/v1/shards", Route::PutShards),
             ("POST", "/v1/routing/preview", Route::Preview),
             ("GET", "/v1/status", Route::Status),
             ("GET", "/v1/decisions", Route::Decisions),
@@ -278,6 +299,8 @@ mod tests {
             Route::Health,
             Route::GetNodes,
             Route::PutNodes,
+            Route::GetShards,
+            Route::PutShards,
             Route::Events,
         ] {
             assert_eq!(route.guard(), Guard::Bearer(Access::AdminOnly));
@@ -298,6 +321,7 @@ mod tests {
     fn body_limits_follow_the_contract() {
         assert_eq!(Route::Webhook.body_limit(), 65_536);
         assert_eq!(Route::PutNodes.body_limit(), 262_144);
+        assert_eq!(Route::PutShards.body_limit(), 4096);
         assert_eq!(Route::Heartbeat.body_limit(), 16_384);
         assert_eq!(Route::Fence.body_limit(), 4_096);
         assert_eq!(Route::Status.body_limit(), 0);

@@ -8,8 +8,8 @@ use super::counting;
 use super::profile::Profile;
 use crate::protocol::encode_refusal;
 use crate::protocol::{
-    self, DocumentRead, Documents, Message, Next, NodeKeys, Present, ProbeTarget, Request, Scraped,
-    Written,
+    self, DocumentRead, Documents, MapState, Message, Next, NodeKeys, Present, ProbeTarget,
+    Request, Scraped, Written,
 };
 use callfence_core::admission;
 use callfence_core::engine::{
@@ -99,12 +99,22 @@ pub fn serve<S: Store>(
         }
     }
     let outcome = match request {
-        Request::Ping => done(&Documents {
-            documents: Present {
-                policy: engine.policy()?.is_some(),
-                nodes: engine.registry()?.is_some(),
-            },
-        }),
+        Request::Ping => {
+            let directory = engine.directory();
+            let (map_revision, map) = directory.shard_map()?;
+            let floor = directory.rollback_floor(now_ms, engine.config().timing.retention_ms)?;
+            done(&Documents {
+                documents: Present {
+                    policy: engine.policy()?.is_some(),
+                    nodes: engine.registry()?.is_some(),
+                },
+                shards: Some(MapState {
+                    call_shards: map.call_shards,
+                    map_revision,
+                    rollback_floor: floor.as_str().to_owned(),
+                }),
+            })
+        }
         Request::NodeKeys => {
             let (revision, keys) = engine.node_keys()?;
             done(&NodeKeys { revision, keys })
@@ -399,7 +409,12 @@ mod tests {
                 documents: Present {
                     policy: false,
                     nodes: false
-                }
+                },
+                shards: Some(MapState {
+                    call_shards: 1,
+                    map_revision: 0,
+                    rollback_floor: "v1.3".into(),
+                }),
             })
         );
     }

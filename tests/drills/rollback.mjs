@@ -82,7 +82,11 @@ export function routeTable(stack, session) {
   // Writes the drill's own document again (a new revision, the same content).
   const putSame = async (kind) => {
     const cur = await read(await edgeFetch(`/v1/${kind}`, { headers: admin }));
-    const doc = kind === "nodes" ? cluster.registry() : standardPolicy(Object.keys(stack.nodes));
+    const doc = {
+      nodes: () => cluster.registry(),
+      policy: () => standardPolicy(Object.keys(stack.nodes)),
+      shards: () => ({ schema: "callfence_shards_v1", call_shards: cur.body.call_shards }),
+    }[kind]();
     const res = await read(await edgeFetch(`/v1/${kind}`, {
       method: "PUT",
       headers: { ...admin, "content-type": "application/json", "if-match": `"${cur.body.revision}"` },
@@ -108,6 +112,8 @@ export function routeTable(stack, session) {
     "PUT /v1/policy": async () => ({ status: await putSame("policy"), expect: [200] }),
     "GET /v1/nodes": async () => ({ status: await get("/v1/nodes"), expect: [200] }),
     "PUT /v1/nodes": async () => ({ status: await putSame("nodes"), expect: [200] }),
+    "GET /v1/shards": async () => ({ status: await get("/v1/shards"), expect: [200] }),
+    "PUT /v1/shards": async () => ({ status: await putSame("shards"), expect: [200] }),
     "POST /v1/routing/preview": async () => {
       const res = await read(await edgeFetch("/v1/routing/preview", { method: "POST", headers: { ...admin, "content-type": "application/json" }, body: JSON.stringify({ to: LINE.number, from: PLAIN_CALLER }) }));
       return { status: res.status, expect: [200] };

@@ -53,7 +53,7 @@ for (const [name, script] of Object.entries(faults)) {
     });
     after(() => edge?.dispose());
 
-    test("GET /v1/health: 200, dispatcher unreachable, documents null, degraded", async () => {
+    test("GET /v1/health: 200, dispatcher unreachable, documents, map and floor null, degraded", async () => {
       const res = await read(await edge.fetch("/v1/health", { headers: bearer(edge.keys.adminToken) }));
       assert.equal(res.status, 200);
       assert.deepEqual(res.body, {
@@ -61,6 +61,8 @@ for (const [name, script] of Object.entries(faults)) {
         capabilities: { ingress: "ok", node_routes: "ok", admin: "ok", key_publication: "ok" },
         dispatcher: "unreachable",
         documents: null,
+        shards: null,
+        rollback_floor: null,
       });
     });
 

@@ -117,7 +117,7 @@ describe("a fully configured Worker", () => {
     assert.deepEqual(policy.body, { error: "forbidden" });
   });
 
-  test("GET /v1/health details capabilities, the Dispatcher and documents", async () => {
+  test("GET /v1/health details capabilities, the Dispatcher, documents, the shard map and the rollback floor", async () => {
     const res = await read(await edge.fetch("/v1/health", { headers: bearer(edge.keys.adminToken) }));
     assert.equal(res.status, 200);
     assert.deepEqual(res.body, {
@@ -125,6 +125,8 @@ describe("a fully configured Worker", () => {
       capabilities: { ingress: "ok", node_routes: "ok", admin: "ok", key_publication: "ok" },
       dispatcher: "reachable",
       documents: { policy: false, nodes: false },
+      shards: { call_shards: 1, map_revision: 0, unreachable: [] },
+      rollback_floor: "v1.3",
     });
   });
 
