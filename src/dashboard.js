@@ -2,7 +2,8 @@
 // The callfence panel (SPEC §15). Every stored string reaches the page as
 // text (el() appends text nodes; no markup is ever parsed from data), the
 // bearer lives in `session.token` only, and the only writes are PUT
-// /v1/policy (the editor) and PUT /v1/nodes (the admin_drained switch).
+// /v1/policy (the editor), PUT /v1/nodes (the admin_drained switch) and PUT
+// /v1/shards (the shard map, admin only).
 
 const REFRESH_MS = 5000;
 const PREVIEW_DEBOUNCE_MS = 400;
@@ -224,7 +225,7 @@ async function loadToken(value) {
   $("app").classList.remove("hidden");
   setMessage("");
   view.status = status.body;
-  await Promise.all([refreshPolicy(true), refreshDecisions()]);
+  await Promise.all([refreshPolicy(true), refreshDecisions(), refreshShards()]);
   renderStatus();
   markRefreshed();
   clearInterval(session.timer);
@@ -236,9 +237,10 @@ function forget() {
   session.kind = null;
   clearInterval(session.timer);
   session.timer = null;
-  Object.assign(view, { status: null, policy: null, decisions: [] });
+  Object.assign(view, { status: null, policy: null, decisions: [], shards: null });
   editor.reset(null, 0);
-  for (const id of ["lines", "overrides", "nodes", "decisions", "summary", "engine-banner", "draft-preview", "edit-lines", "edit-overrides", "refreshed"]) $(id).replaceChildren();
+  for (const id of ["lines", "overrides", "nodes", "decisions", "summary", "engine-banner", "draft-preview", "edit-lines", "edit-overrides", "refreshed", "shards", "shards-result"]) $(id).replaceChildren();
+  $("shards-form").classList.add("hidden");
   $("revision-view").classList.add("hidden");
   $("app").classList.add("hidden");
   $("forget").classList.add("hidden");
@@ -250,7 +252,7 @@ function forget() {
 
 // ------------------------------------------------------------- refresh ----
 
-const view = { status: null, policy: null, decisions: [], refreshedAt: null, openDecisions: new Set() };
+const view = { status: null, policy: null, decisions: [], shards: null, refreshedAt: null, openDecisions: new Set() };
 
 function markRefreshed(error) {
   view.refreshedAt = error ? view.refreshedAt : new Date().toISOString();
@@ -268,7 +270,7 @@ async function refresh() {
     return;
   }
   view.status = status.body;
-  await Promise.all([refreshPolicy(false), refreshDecisions()]);
+  await Promise.all([refreshPolicy(false), refreshDecisions(), refreshShards()]);
   renderStatus();
   markRefreshed();
 }
@@ -327,6 +329,7 @@ function renderStatus() {
   renderLines(s);
   renderOverrides(s);
   renderNodes(s);
+  renderShards(s);
 }
 
 function renderLines(s) {
@@ -434,6 +437,19 @@ function renderNodes(s) {
   }));
 }
 
+/** Opens the dialog `${name}-dialog` (its title and body already set) and
+ * resolves true on its Confirm, false on Cancel or Escape. */
+function confirmed(name) {
+  const dialog = $(`${name}-dialog`);
+  return new Promise((resolve) => {
+    const done = (v) => () => { dialog.close(); resolve(v); };
+    $(`${name}-confirm`).onclick = done(true);
+    $(`${name}-cancel`).onclick = done(false);
+    dialog.oncancel = () => resolve(false);
+    dialog.showModal();
+  });
+}
+
 /** The admin_drained switch: reads the registry now, asks, then writes it at
  * that revision (If-Match), so a change made meanwhile is refused (412). */
 async function askDrain(node, drain) {
@@ -453,15 +469,7 @@ async function askDrain(node, drain) {
   $("drain-body").textContent = drain
     ? `${node.node} owns ${open} open call${open === 1 ? "" : "s"}; they continue. New calls will not go to ${node.node} until it is undrained. This writes registry revision ${revision + 1}.`
     : `${node.node} (${open} open call${open === 1 ? "" : "s"}) becomes eligible again once its heartbeat is healthy. This writes registry revision ${revision + 1}.`;
-  const dialog = $("drain-dialog");
-  const answer = await new Promise((resolve) => {
-    const done = (v) => () => { dialog.close(); resolve(v); };
-    $("drain-confirm").onclick = done(true);
-    $("drain-cancel").onclick = done(false);
-    dialog.oncancel = () => resolve(false);
-    dialog.showModal();
-  });
-  if (!answer) return;
+  if (!await confirmed("drain")) return;
   if (!registry.nodes?.[node.node]) {
     result.className = "small bad";
     result.textContent = `${node.node} is no longer in the registry.`;
@@ -481,6 +489,79 @@ async function askDrain(node, drain) {
   } else {
     result.className = "small bad";
     result.textContent = `Not written: ${describe(put)}.`;
+  }
+}
+
+// --------------------------------------------------------------- shards ----
+
+/** The shard map and the rollback floor: admin tokens only (both routes
+ * answer a policy token 403). */
+async function refreshShards() {
+  if (session.kind !== "admin") return;
+  const [map, health] = await Promise.all([api("/v1/shards"), api("/v1/health")]);
+  if (map.status !== 200) return;
+  view.shards = { map: map.body, floor: health.body?.rollback_floor ?? null, unreachable: health.body?.shards?.unreachable ?? [] };
+}
+
+function renderShards(s) {
+  const admin = session.kind === "admin";
+  $("shards-form").classList.toggle("hidden", !admin || !view.shards);
+  if (!admin || !view.shards) {
+    patchKids($("shards"), el("span", { class: "muted" }, "The shard map needs an admin token."));
+    return;
+  }
+  const { map, floor, unreachable } = view.shards;
+  const input = $("shards-count");
+  if (document.activeElement !== input) input.value = String(map.call_shards);
+  patchKids($("shards"),
+    el("span", {}, "call shards ", el("b", {}, map.call_shards), " · map revision ", el("b", {}, map.revision)),
+    el("span", { "data-shard": "0" }, "global (shard 0): ", plural(s.counts.open_calls, "open call")),
+    el("span", {}, "rollback floor ", el("b", { title: "the oldest release this deployment can be rolled back to" }, floor ?? "unknown")),
+    unreachable.length ? el("span", { class: "bad" }, `unreachable shards: ${unreachable.join(", ")}`) : null);
+}
+
+/** Changing the map: reads it now, says what the change does and does not
+ * move, then writes it at that revision (If-Match). */
+async function askShards(wanted) {
+  const result = $("shards-result");
+  result.className = "small";
+  result.textContent = "";
+  const current = await api("/v1/shards");
+  if (current.status !== 200) {
+    result.className = "small bad";
+    result.textContent = `Could not read the shard map: ${describe(current)}.`;
+    return;
+  }
+  const { revision, call_shards: now } = current.body;
+  if (!Number.isInteger(wanted) || wanted < 1 || wanted > 32) {
+    result.className = "small bad";
+    result.textContent = "Call shards must be a whole number from 1 to 32.";
+    return;
+  }
+  if (wanted === now) {
+    result.textContent = `The map already has ${plural(now, "call shard")}; nothing to write.`;
+    return;
+  }
+  $("shards-title").textContent = `Change the map from ${now} to ${plural(wanted, "call shard")}?`;
+  $("shards-body").textContent = `New sessions are placed on ${plural(wanted, "shard")} from then on. `
+    + "Nothing moves: every live session stays in the shard that holds it until it ends, and its events, fences and claims still reach it there. "
+    + (wanted > 1
+      ? "Once more than one shard has been in force, the Worker cannot be rolled back below v1.4 until 24 h after the map is back at one shard. "
+      : "Sessions held by the other shards finish there, and the rollback floor stays v1.4 until 24 h after this change. ")
+    + `This writes shard map revision ${revision + 1}.`;
+  if (!await confirmed("shards")) return;
+  const put = await api("/v1/shards", { method: "PUT", body: { schema: "callfence_shards_v1", call_shards: wanted }, headers: { "If-Match": `"${revision}"` } });
+  await refresh();
+  if (put.status === 200) {
+    result.className = "small ok";
+    result.textContent = `Shard map revision ${put.body.revision}: ${plural(wanted, "call shard")}.`;
+  } else if (put.status === 412) {
+    result.className = "small bad";
+    result.textContent = `The shard map changed meanwhile (now revision ${put.body.current_revision}); nothing was written. Look again and retry.`;
+  } else {
+    result.className = "small bad";
+    const why = put.body?.details?.map((d) => d.problem).join("; ");
+    result.textContent = `Not written: ${describe(put)}${why ? `: ${why}` : ""}.`;
   }
 }
 
@@ -1049,6 +1130,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("revision-close").addEventListener("click", () => $("revision-view").classList.add("hidden"));
   $("editor").addEventListener("submit", (e) => { e.preventDefault(); editor.save(); });
+  $("shards-form").addEventListener("submit", (e) => { e.preventDefault(); askShards(Number($("shards-count").value)); });
   $("add-line").addEventListener("click", () => {
     editor.draft.lines.push({ key: ++rowKeys, line_id: "", called_number: "", preferred_node: "", fallback_node: "" });
     editor.changed();

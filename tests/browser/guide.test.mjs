@@ -1,7 +1,7 @@
 // The panel's read side in headless Chromium against the real Worker and
 // Dispatcher: the token, the routing guide, the operative label, the nodes
-// (stale ones, the admin_drained switch), what a policy token may not see,
-// stored strings rendered as text, and the 420 px layout.
+// (stale ones, the admin_drained switch), the shard map, what a policy token
+// may not see, stored strings rendered as text, and the 420 px layout.
 
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -269,6 +269,59 @@ describe("the panel: token, routing guide and nodes", () => {
     await page.click("#drain-confirm");
     await waitText(page, "#drain-result", /M2 undrained/);
     assert.equal((await admin(c.edge, "/v1/nodes")).body.nodes.M2.admin_drained, false);
+    assert.deepEqual(errors, []);
+  });
+
+  test("the shard map shows its shards, open calls and floor; a change asks first, says nothing moves, and a refusal is shown", async (t) => {
+    const { c, page, errors } = await setup(t);
+    await call(c, SUPPORT);
+    // A policy token sees no map and no form.
+    await enterToken(page, c.keys.policyToken);
+    await showTab(page, "nodes");
+    await waitText(page, "#shards", /needs an admin token/);
+    assert.equal(await page.$eval("#shards-form", (f) => f.classList.contains("hidden")), true);
+    await press(page, "#forget");
+
+    await enterToken(page, c.keys.adminToken);
+    await showTab(page, "nodes");
+    const facts = await waitText(page, "#shards", /call shards 1 · map revision 0/);
+    assert.match(facts, /global \(shard 0\): 1 open call/);
+    assert.match(facts, /rollback floor v1\.3/);
+    const map = async () => (await admin(c.edge, "/v1/shards")).body;
+    const setCount = (n) => page.$eval("#shards-count", (i, v) => { i.value = v; }, String(n));
+
+    // The same count writes nothing and asks nothing.
+    await setCount(1);
+    await press(page, '#shards-form button[type="submit"]');
+    await waitText(page, "#shards-result", /already has 1 call shard; nothing to write/);
+
+    // Cancel writes nothing; the dialog says what a change does not move.
+    await setCount(4);
+    await press(page, '#shards-form button[type="submit"]');
+    await page.waitForSelector("#shards-dialog[open]");
+    assert.match(await text(page, "#shards-title"), /from 1 to 4 call shards/);
+    assert.match(await text(page, "#shards-body"), /Nothing moves: every live session stays in the shard that holds it/);
+    assert.match(await text(page, "#shards-body"), /rolled back below v1\.4/);
+    await shoot(page, "shards-dialog");
+    await page.click("#shards-cancel");
+    assert.equal((await map()).revision, 0);
+
+    // Confirmed: this release refuses more than one shard, and says why.
+    await setCount(4);
+    await press(page, '#shards-form button[type="submit"]');
+    await page.waitForSelector("#shards-dialog[open]");
+    await page.click("#shards-confirm");
+    await waitText(page, "#shards-result", /Not written: 400 invalid_document: 4 call shards: this release places every call in global/);
+    assert.deepEqual(await map(), { schema: "callfence_shards_v1", call_shards: 1, revision: 0 });
+
+    // Another writer changes the map while the dialog is open: refused (412).
+    await setCount(2);
+    await press(page, '#shards-form button[type="submit"]');
+    await page.waitForSelector("#shards-dialog[open]");
+    assert.equal((await putDocument(c.edge, "shards", { schema: "callfence_shards_v1", call_shards: 1 })).status, 200);
+    await page.click("#shards-confirm");
+    await waitText(page, "#shards-result", /shard map changed meanwhile \(now revision 1\); nothing was written/);
+    await waitText(page, "#shards", /map revision 1/);
     assert.deepEqual(errors, []);
   });
 
