@@ -128,7 +128,9 @@ pub fn refused(counters: &Counters, refused: u64) {
 /// view. Reads only.
 pub fn samples<S: Store>(engine: &Engine<S>, now_ms: i64) -> Result<Vec<Sample>, EngineError> {
     let status = engine.status(now_ms)?;
-    let mut samples = gauges::from_status(&status, SHARD).map_err(EngineError::Corrupt)?;
+    let (map_revision, _) = engine.directory().shard_map()?;
+    let mut samples =
+        gauges::from_status(&status, SHARD, map_revision).map_err(EngineError::Corrupt)?;
     samples.extend(engine.metrics().samples());
     let storage_full = engine.refused().storage_full;
     samples.push(Sample::new(STORAGE_FULL, &[], storage_full));

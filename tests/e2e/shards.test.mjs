@@ -1,6 +1,6 @@
 // The shard map (SPEC §16) through the real Worker and Dispatcher: its
 // initial value, compare-and-set, history, validation, the admin-only guard,
-// and what GET /v1/health says of it. This release places every call in
+// and what GET /v1/health and the metrics say of it. This release places every call in
 // global, so it stores only maps of one shard and refuses more, changing
 // nothing.
 
@@ -65,6 +65,8 @@ describe("the shard map: /v1/shards", () => {
     assert.deepEqual((await call("GET", "/v1/shards?revision=1")).body, { ...map, revision: 1 });
     const h = await health();
     assert.deepEqual([h.shards, h.rollback_floor], [{ call_shards: 1, map_revision: 2, unreachable: [] }, "v1.3"]);
+    const metrics = await edge.fetch("/v1/metrics", { headers: bearer(edge.keys.adminToken) });
+    assert.match(await metrics.text(), /^callfence_shard_map_revision 2$/m);
   });
 
   test("an invalid map is 400 invalid_document with each finding, and changes nothing", async () => {

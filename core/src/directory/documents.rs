@@ -73,19 +73,24 @@ impl<S: Store> Directory<S> {
         Ok(match kind {
             DocKind::Nodes => self.registry()?.map_or(0, |(r, _)| r),
             DocKind::Policy => self.policy()?.map_or(0, |(r, _)| r),
-            DocKind::Shards => self.latest_document(kind)?.map_or(0, |(r, _)| r),
+            DocKind::Shards => self.shard_map()?.0,
         })
     }
 
     /// The shard map in force and its revision: one shard at revision 0
     /// before any PUT.
     pub fn shard_map(&self) -> Result<(u64, ShardMap), EngineError> {
-        match self.latest_document(DocKind::Shards)? {
-            None => Ok((0, ShardMap::default())),
+        if let Some(cached) = self.cache.borrow().shards {
+            return Ok(cached);
+        }
+        let loaded = match self.latest_document(DocKind::Shards)? {
+            None => (0, ShardMap::default()),
             Some((revision, doc)) => ShardMap::load(&doc)
                 .map(|map| (revision, map))
-                .ok_or_else(|| EngineError::Corrupt("stored shard map".into())),
-        }
+                .ok_or_else(|| EngineError::Corrupt("stored shard map".into()))?,
+        };
+        self.cache.borrow_mut().shards = Some(loaded);
+        Ok(loaded)
     }
 
     /// The oldest release this deployment can be rolled back to, from the

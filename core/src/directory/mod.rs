@@ -41,6 +41,7 @@ use crate::error::EngineError;
 use crate::messages::{DirectoryView, ForwardMark, Health, PerNode};
 use crate::policy::RoutingPolicy;
 use crate::registry::NodeRegistry;
+use crate::shard_map::ShardMap;
 use crate::sql::Queries;
 use crate::store::{Store, StoreError};
 use std::cell::RefCell;
@@ -56,6 +57,8 @@ pub type Cached<T> = Option<(u64, Rc<T>)>;
 struct Cache {
     nodes: Option<Cached<NodeRegistry>>,
     policy: Option<Cached<RoutingPolicy>>,
+    /// The shard map in force and its revision.
+    shards: Option<(u64, ShardMap)>,
     beats: HashMap<String, Option<Rc<Beat>>>,
     health: Option<PerNode<Health>>,
     /// Beats refused `stale_seq` per node: (count, last time).
@@ -193,7 +196,10 @@ impl<S: Store> Directory<S> {
             match kind {
                 DocKind::Nodes => cache.nodes = None,
                 DocKind::Policy => cache.policy = None,
-                DocKind::Shards => return,
+                DocKind::Shards => {
+                    cache.shards = None;
+                    return;
+                }
             }
         }
         self.changed(now_ms);

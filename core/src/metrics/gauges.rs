@@ -29,13 +29,13 @@ fn list<'a>(value: &'a Value, key: &str) -> &'a [Value] {
 }
 
 /// The gauges of the status view `status` of call shard `shard` (0:
-/// `global`), and the stored seq-regression counts (a counter kept in
-/// storage, migration 0004, so it survives restarts). The shard map's
-/// revision is 0: no shard map exists yet (SPEC §16). A view without its
+/// `global`), the shard map's revision `map_revision` (0 before any PUT,
+/// SPEC §16), and the stored seq-regression counts (a counter kept in
+/// storage, migration 0004, so it survives restarts). A view without its
 /// counts, or a node or line without its id, is an error. (Read field by
 /// field rather than through a typed copy of the view: the Worker's wasm
 /// then carries no deserialiser for it.)
-pub fn from_status(status: &Value, shard: u32) -> Result<Vec<Sample>, String> {
+pub fn from_status(status: &Value, shard: u32, map_revision: u64) -> Result<Vec<Sample>, String> {
     let counts = status.get("counts").ok_or("a status view without counts")?;
     let shard = shard.to_string();
     let shard = [("shard", shard.as_str())];
@@ -50,7 +50,7 @@ pub fn from_status(status: &Value, shard: u32) -> Result<Vec<Sample>, String> {
             &[],
             number(status, "nodes_revision").unwrap_or(0),
         ),
-        Sample::new(SHARD_MAP_REVISION, &[], 0),
+        Sample::new(SHARD_MAP_REVISION, &[], map_revision),
         Sample::new(
             PENDING_EVENTS,
             &shard,
@@ -124,11 +124,11 @@ mod tests {
             ],
             "counts": {"open_calls": 2, "pending": 5, "unroutable": 1},
         });
-        let text = render(&from_status(&status, 0).unwrap());
+        let text = render(&from_status(&status, 0, 2).unwrap());
         for line in [
             "callfence_policy_revision 3\n",
             "callfence_nodes_revision 0\n",
-            "callfence_shard_map_revision 0\n",
+            "callfence_shard_map_revision 2\n",
             "callfence_pending_events{shard=\"0\"} 5\n",
             "callfence_open_calls{shard=\"0\"} 2\n",
             "callfence_line_fallback_in_use{line=\"sales\"} 1\n",
@@ -153,8 +153,8 @@ mod tests {
 
     #[test]
     fn a_view_of_another_shape_is_an_error() {
-        assert!(from_status(&json!({"nodes": []}), 0).is_err());
+        assert!(from_status(&json!({"nodes": []}), 0, 0).is_err());
         let nameless = json!({"counts": {}, "nodes": [{"eligible": true}]});
-        assert!(from_status(&nameless, 0).is_err());
+        assert!(from_status(&nameless, 0, 0).is_err());
     }
 }
