@@ -125,7 +125,14 @@ impl<S: Store> Engine<S> {
     /// then the directory's view to the shard.
     fn settle(&self, now_ms: i64) -> Result<(), EngineError> {
         while let Some(ShardOutput::Mark(mark)) = self.shard.poll_output() {
-            self.directory.handle_input(DirectoryInput::Mark(mark))?;
+            if let Err(e) = self
+                .directory
+                .handle_input(DirectoryInput::Mark(mark.clone()))
+            {
+                // Kept for the next settle: a failed store loses no mark.
+                self.shard.retry_output(ShardOutput::Mark(mark));
+                return Err(e);
+            }
         }
         if let Some(DirectoryOutput::View(view)) = self.directory.poll_output(now_ms)? {
             self.shard.handle_input(ShardInput::View(view));

@@ -1054,6 +1054,47 @@ fn a_failure_reaches_the_directory_and_a_healthy_delivery_sends_nothing() {
 }
 
 #[test]
+fn a_mark_the_directory_could_not_store_is_delivered_at_the_next_request() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    w.beat("M2", |_| {}).unwrap();
+    let failing = |w: &World| {
+        w.engine.directory().view().unwrap().nodes["M1"]
+            .health
+            .failing()
+    };
+    let first = forward(w.webhook("m1", "call.initiated", "s-m1", "incoming"));
+    assert_eq!(first.node, "M1");
+    // The directory's store refuses the write of forward health once.
+    let store = w.engine.store();
+    store
+        .exec(
+            "CREATE TEMP TRIGGER refuse_health BEFORE INSERT ON node_health \
+             BEGIN SELECT RAISE(ABORT, 'disk full'); END",
+            &[],
+        )
+        .unwrap();
+    let report = Report {
+        event_id: first.event_id.clone(),
+        epoch: first.epoch,
+        attempt: first.attempt,
+        answer: not_admitted(),
+        budget_left_ms: 0,
+        hop: 1,
+    };
+    assert!(w.engine.handle_report(&report, w.now).is_err());
+    assert!(
+        !failing(&w),
+        "the directory stored a mark its store refused"
+    );
+    store.exec("DROP TRIGGER refuse_health", &[]).unwrap();
+    // The next request delivers the kept mark before it decides.
+    let second = forward(w.webhook("m2", "call.initiated", "s-m2", "incoming"));
+    assert!(failing(&w), "the mark was lost with the failed write");
+    assert_eq!(second.node, "M2");
+}
+
+#[test]
 fn a_shard_keeps_the_newest_view_and_a_restarted_directory_s_first_view_wins() {
     use callfence_core::directory::{Directory, DirectoryOutput};
     use callfence_core::shard::{CallShard, ShardInput};

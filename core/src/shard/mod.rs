@@ -230,6 +230,14 @@ impl<S: Store> CallShard<S> {
         (!outbox.is_empty()).then(|| ShardOutput::Mark(outbox.remove(0)))
     }
 
+    /// A message from [`CallShard::poll_output`] that could not be
+    /// delivered: it is the next one polled again. (Marks are idempotent,
+    /// so sending one again is always safe.)
+    pub fn retry_output(&self, output: ShardOutput) {
+        let ShardOutput::Mark(mark) = output;
+        self.outbox.borrow_mut().insert(0, mark);
+    }
+
     /// The view held now (the newest the directory sent).
     pub fn directory_view(&self) -> Rc<DirectoryView> {
         self.view.borrow().clone()
