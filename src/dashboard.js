@@ -241,6 +241,7 @@ function forget() {
   editor.reset(null, 0);
   for (const id of ["lines", "overrides", "nodes", "decisions", "summary", "engine-banner", "draft-preview", "edit-lines", "edit-overrides", "refreshed", "shards", "shards-result"]) $(id).replaceChildren();
   $("shards-form").classList.add("hidden");
+  delete $("shards-count").dataset.revision;
   $("revision-view").classList.add("hidden");
   $("app").classList.add("hidden");
   $("forget").classList.add("hidden");
@@ -511,8 +512,13 @@ function renderShards(s) {
     return;
   }
   const { map, floor, unreachable } = view.shards;
+  // The count follows the map only when its revision changes, so a refresh
+  // never overwrites a count being typed in.
   const input = $("shards-count");
-  if (document.activeElement !== input) input.value = String(map.call_shards);
+  if (input.dataset.revision !== String(map.revision)) {
+    input.value = String(map.call_shards);
+    input.dataset.revision = String(map.revision);
+  }
   patchKids($("shards"),
     el("span", {}, "call shards ", el("b", {}, map.call_shards), " · map revision ", el("b", {}, map.revision)),
     el("span", { "data-shard": "0" }, "global (shard 0): ", plural(s.counts.open_calls, "open call")),

@@ -295,8 +295,13 @@ describe("the panel: token, routing guide and nodes", () => {
     await press(page, '#shards-form button[type="submit"]');
     await waitText(page, "#shards-result", /already has 1 call shard; nothing to write/);
 
-    // Cancel writes nothing; the dialog says what a change does not move.
+    // A refresh leaves a count being typed in as it is.
     await setCount(4);
+    const stamp = await refreshed(page);
+    await page.waitForFunction((b) => document.querySelector("#refreshed time")?.getAttribute("datetime") !== b, { timeout: 15_000 }, stamp);
+    assert.equal(await page.$eval("#shards-count", (i) => i.value), "4");
+
+    // Cancel writes nothing; the dialog says what a change does not move.
     await press(page, '#shards-form button[type="submit"]');
     await page.waitForSelector("#shards-dialog[open]");
     assert.match(await text(page, "#shards-title"), /from 1 to 4 call shards/);
