@@ -495,13 +495,14 @@ async function askDrain(node, drain) {
 
 // --------------------------------------------------------------- shards ----
 
-/** The shard map and the rollback floor: admin tokens only (both routes
- * answer a policy token 403). */
+/** The shard map and the rollback floor, as `GET /v1/health` states them
+ * (admin tokens only; a policy token is answered 403). */
 async function refreshShards() {
   if (session.kind !== "admin") return;
-  const [map, health] = await Promise.all([api("/v1/shards"), api("/v1/health")]);
-  if (map.status !== 200) return;
-  view.shards = { map: map.body, floor: health.body?.rollback_floor ?? null, unreachable: health.body?.shards?.unreachable ?? [] };
+  const health = await api("/v1/health");
+  const shards = health.body?.shards;
+  if (health.status !== 200 || !shards) return;
+  view.shards = { map: { call_shards: shards.call_shards, revision: shards.map_revision }, floor: health.body.rollback_floor, unreachable: shards.unreachable };
 }
 
 function renderShards(s) {
