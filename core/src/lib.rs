@@ -32,6 +32,7 @@
 //! - [`document`]: revision preconditions (`If-Match` or a body `revision`).
 //! - [`shard_map`]: the shard map document (SPEC §16) and the rollback
 //!   floor its history sets.
+//! - [`placement`]: the shard a new session is placed on (jump hash).
 //! - [`refusal`]: every refusal the edge answers: stable code, HTTP status,
 //!   `Retry-After` and body fields, in one table.
 //!
@@ -127,6 +128,7 @@ pub mod node_auth;
 pub mod number;
 pub mod origin_host;
 pub mod outcome;
+pub mod placement;
 pub mod policy;
 pub mod probe;
 pub mod problem;
