@@ -126,25 +126,41 @@ pub struct MapRevision {
     pub written_at_ms: i64,
 }
 
-/// The rollback floor from the map's kept revisions, oldest first: `V1_4`
-/// when a revision of more than one shard was in force at any time since
-/// `now_ms - retention_ms` (a revision is in force until the next one is
-/// written). When revisions older than the kept ones were replaced within
-/// the retention, what they said is unknown and the floor is `V1_4`: the
-/// safe side.
-pub fn rollback_floor(kept: &[MapRevision], now_ms: i64, retention_ms: i64) -> RollbackFloor {
-    let since = now_ms.saturating_sub(retention_ms);
+/// The shard counts in force at any time since `since`, from the map's kept
+/// revisions, oldest first, as a mask (bit `n - 1` for `n` shards; a
+/// revision is in force until the next one is written). `None` when
+/// revisions older than the kept ones were replaced since `since`: what
+/// they said is unknown.
+pub fn in_force_since(kept: &[MapRevision], since: i64) -> Option<u32> {
     let truncated = kept
         .first()
         .is_some_and(|first| first.revision > 1 && first.written_at_ms > since);
-    let wide_in_retention = kept.iter().enumerate().any(|(i, rev)| {
+    if truncated {
+        return None;
+    }
+    let mut mask = match kept.first() {
+        // The map before any PUT (one shard) was in force until the first.
+        Some(first) if first.written_at_ms > since => 1,
+        Some(_) => 0,
+        None => 1,
+    };
+    for (i, rev) in kept.iter().enumerate() {
         let until = kept.get(i + 1).map_or(i64::MAX, |next| next.written_at_ms);
-        rev.call_shards > 1 && until > since
-    });
-    if truncated || wide_in_retention {
-        RollbackFloor::V1_4
-    } else {
-        RollbackFloor::V1_3
+        if until > since && (1..=MAX_CALL_SHARDS).contains(&rev.call_shards) {
+            mask |= 1 << (rev.call_shards - 1);
+        }
+    }
+    Some(mask)
+}
+
+/// The rollback floor from the map's kept revisions, oldest first: `V1_4`
+/// when a revision of more than one shard was in force at any time since
+/// `now_ms - retention_ms`, or when what was in force then is unknown
+/// (the safe side).
+pub fn rollback_floor(kept: &[MapRevision], now_ms: i64, retention_ms: i64) -> RollbackFloor {
+    match in_force_since(kept, now_ms.saturating_sub(retention_ms)) {
+        Some(1) => RollbackFloor::V1_3,
+        _ => RollbackFloor::V1_4,
     }
 }
 
@@ -232,5 +248,18 @@ mod tests {
         // Older revisions were dropped and replaced within the retention.
         assert_eq!(floor(&[rev(7, 1, now - 1)]), RollbackFloor::V1_4);
         assert_eq!(floor(&[rev(7, 1, now - DAY - 1)]), RollbackFloor::V1_3);
+    }
+
+    #[test]
+    fn the_counts_in_force_since_a_time_include_the_map_before_any_put() {
+        assert_eq!(in_force_since(&[], 5), Some(0b1));
+        let kept = [rev(1, 4, 10), rev(2, 8, 20), rev(3, 2, 30)];
+        assert_eq!(in_force_since(&kept, 5), Some(0b1000_1011));
+        assert_eq!(in_force_since(&kept, 15), Some(0b1000_1010));
+        assert_eq!(in_force_since(&kept, 25), Some(0b1000_0010));
+        assert_eq!(in_force_since(&kept, 35), Some(0b10));
+        // Revision 1 is gone and revision 2 replaced it after `since`.
+        assert_eq!(in_force_since(&kept[1..], 15), None);
+        assert_eq!(in_force_since(&kept[1..], 25), Some(0b1000_0010));
     }
 }

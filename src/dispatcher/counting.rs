@@ -22,7 +22,8 @@ pub const SHARD: u32 = 0;
 /// forward, whose outcome its report decides.
 pub fn ingress_outcome(ingress: &Ingress) -> Option<WebhookOutcome> {
     Some(match ingress {
-        Ingress::Forward(_) => return None,
+        // Sent on to the shard that decides it, which counts it.
+        Ingress::Forward(_) | Ingress::Elsewhere { .. } | Ingress::Lookup { .. } => return None,
         Ingress::Delivered(_) => WebhookOutcome::Duplicate,
         Ingress::InProgress => WebhookOutcome::InProgress,
         Ingress::Pending(PendingReason::NoPolicy | PendingReason::NoEligibleNode) => {

@@ -319,6 +319,10 @@ fn webhook<S: Store>(
         Ingress::Pending(reason) => Err(Refusal::Pending(reason)),
         Ingress::Rejected => Err(Refusal::Pending(PendingReason::NoEligibleNode)),
         Ingress::StorageFull => Err(Refusal::StorageFull),
+        // A webhook with no map places itself on the map this object holds,
+        // whose home is `global` until the Worker sends maps (SPEC §16); a
+        // held map that says otherwise cannot be acted on here: fail closed.
+        Ingress::Elsewhere { .. } | Ingress::Lookup { .. } => Err(Refusal::DispatcherUnavailable),
     })
 }
 

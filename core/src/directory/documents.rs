@@ -3,7 +3,7 @@
 
 use super::{Directory, EngineError};
 use crate::document::{expected_revision, DocKind, PreconditionError};
-use crate::messages::PerNode;
+use crate::messages::{MapNotice, PerNode};
 use crate::policy::{CallerOverride, Line, RoutingPolicy};
 use crate::problem::Problem;
 use crate::shard_map::{self, MapRevision, RollbackFloor, ShardMap};
@@ -100,8 +100,29 @@ impl<S: Store> Directory<S> {
         now_ms: i64,
         retention_ms: i64,
     ) -> Result<RollbackFloor, EngineError> {
-        let kept = self
-            .q()
+        Ok(shard_map::rollback_floor(
+            &self.map_history()?,
+            now_ms,
+            retention_ms,
+        ))
+    }
+
+    /// The map as the call shards need it: in force now, with every shard
+    /// count in force since `now_ms - horizon_ms`. `horizon_ms` is how long
+    /// a session's records may be kept after it was created (the longest
+    /// call and then the retention), so the history names every shard that
+    /// may still hold a session. When the kept revisions no longer say, the
+    /// history is every count up to 32 (the safe side: every shard is asked).
+    pub fn map_notice(&self, now_ms: i64, horizon_ms: i64) -> Result<MapNotice, EngineError> {
+        let (revision, map) = self.shard_map()?;
+        let since = now_ms.saturating_sub(horizon_ms);
+        let history = shard_map::in_force_since(&self.map_history()?, since).unwrap_or(u32::MAX);
+        Ok(MapNotice::new(revision, map.call_shards as u32, history))
+    }
+
+    /// The map's kept revisions, oldest first.
+    fn map_history(&self) -> Result<Vec<MapRevision>, EngineError> {
+        self.q()
             .document_history(DocKind::Shards.as_str())?
             .into_iter()
             .map(|(revision, body, written_at_ms)| {
@@ -114,8 +135,7 @@ impl<S: Store> Directory<S> {
                     written_at_ms,
                 })
             })
-            .collect::<Result<Vec<_>, EngineError>>()?;
-        Ok(shard_map::rollback_floor(&kept, now_ms, retention_ms))
+            .collect()
     }
 
     /// `GET /v1/policy`, `/v1/nodes` and `/v1/shards`: the document with

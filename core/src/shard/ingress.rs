@@ -9,7 +9,7 @@
 use super::ownership::{Ownership, PendingReason, Placeable, Placed};
 use super::queries::{NewEvent, NewSession};
 use super::rows::{event_state as st, EventRow, Payload, SessionRow};
-use super::{CallShard, EngineError, Forward};
+use super::{Arrival, CallShard, EngineError, Forward};
 use crate::number::normalise;
 use crate::store::Store;
 use crate::telnyx::Envelope;
@@ -47,17 +47,50 @@ pub enum Ingress {
     Ignored,
     /// No session could be found: recorded, 200.
     Unroutable,
+    /// A new session this shard may not create (SPEC §16): the map it holds
+    /// places it on `shard`. Nothing is stored; the Worker sends the webhook
+    /// there, with `map`.
+    Elsewhere {
+        /// The session's home under `map`.
+        shard: u32,
+        /// The map this shard holds.
+        map: crate::messages::MapNotice,
+    },
+    /// A new session that another shard may already hold: the Worker asks
+    /// each of `shards` ([`CallShard::handle_holds`] with `map`), then sends
+    /// the webhook to the holder, or back here with the shards that
+    /// answered absent. Nothing is stored.
+    Lookup {
+        /// The shards to ask.
+        shards: Vec<u32>,
+        /// The map this shard holds, to carry in each question.
+        map: crate::messages::MapNotice,
+    },
 }
 
 impl<S: Store> CallShard<S> {
     /// `POST /v1/telnyx/webhook`, after the Worker verified the signature and
-    /// parsed the envelope. `headers` are the Telnyx headers to store with
-    /// the first delivery.
+    /// parsed the envelope, on a shard that holds no map but its own: a
+    /// webhook that arrives with nothing more than its body.
     pub fn handle_webhook(
         &self,
         envelope: &Envelope,
         body: &str,
         headers: &[(String, String)],
+        now_ms: i64,
+    ) -> Result<Ingress, EngineError> {
+        self.handle_placed_webhook(envelope, body, headers, &Arrival::default(), now_ms)
+    }
+
+    /// A verified webhook as the Worker placed it: `headers` are the Telnyx
+    /// headers to store with the first delivery, and `arrival` what the
+    /// Worker knows of the map (the holder rule, `holder`).
+    pub fn handle_placed_webhook(
+        &self,
+        envelope: &Envelope,
+        body: &str,
+        headers: &[(String, String)],
+        arrival: &Arrival,
         now_ms: i64,
     ) -> Result<Ingress, EngineError> {
         let ingress = self.unit(|| {
@@ -97,8 +130,17 @@ impl<S: Store> CallShard<S> {
                 q.insert_event(&new(None, st::UNROUTABLE, None, None))?;
                 return Ok(Ingress::Unroutable);
             };
-            let Some((session, created)) = self.open_session(&session_id, envelope, now_ms)? else {
-                return Ok(Ingress::StorageFull);
+            let (session, created) = match q.session(&session_id)? {
+                Some(row) => (Ownership::of(row), false),
+                None => {
+                    if let Some(away) = self.holder_check(&session_id, arrival)? {
+                        return Ok(away);
+                    }
+                    let Some(session) = self.open_session(&session_id, envelope, now_ms)? else {
+                        return Ok(Ingress::StorageFull);
+                    };
+                    (session, true)
+                }
             };
             let session = self.track_leg(session, envelope, now_ms)?;
             let session = match session {
@@ -162,15 +204,14 @@ impl<S: Store> CallShard<S> {
         }
     }
 
-    /// The session of a new event, created from the event's numbers when it
-    /// is the first; true when created in this unit. `None` when it is new
-    /// and the sessions table holds only live sessions at `SESSION_CAP`.
+    /// A new session, created from its first event's numbers. `None` when
+    /// the sessions table holds only live sessions at `SESSION_CAP`.
     fn open_session(
         &self,
         id: &str,
         envelope: &Envelope,
         now_ms: i64,
-    ) -> Result<Option<(Ownership, bool)>, EngineError> {
+    ) -> Result<Option<Ownership>, EngineError> {
         let caller = envelope.from.as_deref().and_then(normalise);
         let called = envelope.to.as_deref().and_then(normalise);
         let q = self.q();
@@ -182,14 +223,9 @@ impl<S: Store> CallShard<S> {
             now_ms,
         };
         if let Some(row) = q.insert_session(&new, self.config.session_cap)? {
-            return Ok(Some((Ownership::of(row), true)));
+            return Ok(Some(Ownership::of(row)));
         }
-        if let Some(row) = q.session(id)? {
-            return Ok(Some((Ownership::of(row), false)));
-        }
-        Ok(self
-            .insert_at_cap(&new)?
-            .map(|row| (Ownership::of(row), true)))
+        Ok(self.insert_at_cap(&new)?.map(Ownership::of))
     }
 
     /// Inserts a session known to be new while the sessions table is at

@@ -45,6 +45,8 @@
 //!   assignment path, and why a placement parks ([`PendingReason`]);
 //! - `ingress`, `reports`, `fencing`, `alarm`: the `handle_*` methods and
 //!   `poll_alarm`;
+//! - `holder`: the holder rule: whether a session not held here may be
+//!   created here, the map the shard adopted, and `handle_holds`;
 //! - `view`: what a decision reads: the directory's view with the shard's
 //!   own marks and open calls;
 //! - `routing`: resolution and selection, pure functions of that view, the
@@ -63,6 +65,7 @@
 
 mod alarm;
 mod fencing;
+mod holder;
 mod ingress;
 pub(crate) mod ownership;
 pub(crate) mod queries;
@@ -78,6 +81,7 @@ mod writes_only;
 
 pub use alarm::{AlarmWork, ROWS_PER_SESSION};
 pub use fencing::{ClaimReply, FenceGrant, FenceRefusal, FenceReply, MediaRefusal, MediaReply};
+pub use holder::{Arrival, Holds};
 pub use ingress::{Delivered, Ingress};
 pub use ownership::PendingReason;
 pub use refusals::Refused;
@@ -140,6 +144,8 @@ pub struct Forward {
 #[derive(Default, Clone)]
 struct Cache {
     alarm: Option<AlarmFacts>,
+    /// The map adopted (`holder`).
+    map: Option<crate::messages::MapNotice>,
 }
 
 /// A copy of a shard's in-memory state that the model check restores
@@ -157,6 +163,8 @@ pub struct Caches {
 /// A call shard: see the module documentation.
 pub struct CallShard<S: Store> {
     store: S,
+    /// This shard's number: 0 is `global`, `k` is `calls-k`.
+    index: u32,
     config: EngineConfig,
     cache: RefCell<Cache>,
     /// The newest view the directory sent.
@@ -179,6 +187,7 @@ impl<S: Store> CallShard<S> {
     pub fn new(store: S, config: EngineConfig) -> Self {
         Self {
             store,
+            index: 0,
             config,
             cache: RefCell::new(Cache::default()),
             view: RefCell::new(Rc::new(DirectoryView::empty())),
@@ -187,6 +196,12 @@ impl<S: Store> CallShard<S> {
             refused: std::cell::Cell::new(Refused::default()),
             metrics: Counters::default(),
         }
+    }
+
+    /// The same shard numbered `index` (`calls-{index}`; 0 is `global`).
+    pub fn numbered(mut self, index: u32) -> Self {
+        self.index = index;
+        self
     }
 
     /// The metrics counted since this shard started: the shard stages its
