@@ -23,33 +23,28 @@
 //! acknowledgement), so a decision made on a late view is judged by what
 //! had been acknowledged when it was made.
 //!
+//! The holder world (`holders.rs`) runs call shards as separate machines on
+//! separate databases while the map grows and shrinks, with Workers whose
+//! cached maps differ racing on the same new sessions (SPEC §16).
+//!
 //! `CALLFENCE_SIM_SCHEDULES` sets the number of schedules (`make test` runs
 //! at least 2,000); `CALLFENCE_SIM_SEED` replays one schedule.
 
 #[allow(dead_code)]
 #[path = "../common/mod.rs"]
 mod common;
+mod holders;
 mod machines;
+mod rng;
 mod world;
 
 use common::checker::Violation;
+use holders::HolderWorld;
 use world::{Plant, World};
 
 #[test]
 fn schedules_hold_every_invariant() {
-    let schedules: u64 = std::env::var("CALLFENCE_SIM_SCHEDULES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
-    let seeds: Vec<u64> = match std::env::var("CALLFENCE_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        Some(seed) => vec![seed],
-        None => (1..=schedules)
-            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            .collect(),
-    };
+    let seeds = schedules();
     let (mut steps, mut forwards, mut fences) = (0u64, 0u64, 0u64);
     let (mut reforwards, mut held_back, mut unknown_keys, mut alarm_checks) = (0u64, 0, 0, 0);
     let (mut messages, mut superseded) = (0u64, 0u64);
@@ -128,5 +123,83 @@ fn an_eligibility_change_acknowledged_before_the_shard_has_it_is_caught() {
     );
     println!(
         "sim: a beat acknowledged before the shard's view held it caught in schedule {caught:?}"
+    );
+}
+
+fn schedules() -> Vec<u64> {
+    let schedules: u64 = std::env::var("CALLFENCE_SIM_SCHEDULES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    match std::env::var("CALLFENCE_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(seed) => vec![seed],
+        None => (1..=schedules)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect(),
+    }
+}
+
+#[test]
+fn every_session_has_one_holder_across_map_changes() {
+    let seeds = schedules();
+    let (mut steps, mut created, mut lookups, mut redirects, mut changes, mut gave_up) =
+        (0, 0, 0, 0, 0, 0);
+    for seed in &seeds {
+        let mut world = HolderWorld::new(*seed, None);
+        world.run();
+        assert!(
+            world.violations.is_empty(),
+            "holders: seed {seed}: {:?}\nreplay: CALLFENCE_SIM_SEED={seed} cargo test -p callfence-core --test sim holder",
+            world.violations
+        );
+        steps += world.steps;
+        created += world.created;
+        lookups += world.lookups;
+        redirects += world.redirects;
+        changes += world.map_changes;
+        gave_up += world.gave_up;
+    }
+    assert!(
+        seeds.len() == 1 || (created > 0 && lookups > 0 && redirects > 0 && changes > 0),
+        "the holder world never raced a map change"
+    );
+    println!(
+        "sim holders: {} schedules, {steps} steps, 0 violations ({created} sessions created, \
+         {changes} map changes, {redirects} redirects, {lookups} holder lookups, \
+         {gave_up} placements given up after {} requests and retried by the carrier)",
+        seeds.len(),
+        holders::ROUNDS
+    );
+}
+
+/// The first of 200 schedules whose holder world with `plant` sees a
+/// session held twice.
+fn second_holder_caught(plant: holders::Plant) -> Option<u64> {
+    (1..=200u64).find(|i| {
+        let mut world = HolderWorld::new(i.wrapping_mul(0x9E37_79B9_7F4A_7C15), Some(plant));
+        world.run();
+        world
+            .violations
+            .iter()
+            .any(|v| v.contains("is held by shards"))
+    })
+}
+
+#[test]
+fn a_shard_that_creates_a_session_without_the_holder_check_is_caught() {
+    let caught = second_holder_caught(holders::Plant::SkipLookup);
+    assert!(caught.is_some(), "a second holder went unnoticed");
+    println!("sim holders: a creation without the holder check caught in schedule {caught:?}");
+}
+
+#[test]
+fn an_absence_proof_not_bound_to_its_map_revision_is_caught() {
+    let caught = second_holder_caught(holders::Plant::StaleProof);
+    assert!(caught.is_some(), "a stale absence proof went unnoticed");
+    println!(
+        "sim holders: an absence proof carried across map revisions caught in schedule {caught:?}"
     );
 }

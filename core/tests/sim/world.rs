@@ -5,6 +5,7 @@ use crate::common::checker::{Checker, Observation, Snapshot};
 use crate::common::fixtures::{self, BeatSpec, Keys, T0};
 use crate::common::observe;
 use crate::machines::Machines;
+use crate::rng::Rng;
 use callfence_core::delivery::Delivery as Driver;
 use callfence_core::document::DocKind;
 use callfence_core::eligibility::is_valid_sha;
@@ -24,25 +25,6 @@ const LINES: [(&str, &str); 2] = [
     ("front_desk", "+15105550123"),
 ];
 const NODES: [&str; 3] = ["M1", "M2", "M3"];
-
-/// splitmix64: small, seeded, reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Behavior {
@@ -477,6 +459,10 @@ impl World {
             | Ingress::Pending(_)
             | Ingress::Rejected
             | Ingress::StorageFull => false,
+            // One shard that holds no map: every session's home is here.
+            Ingress::Elsewhere { .. } | Ingress::Lookup { .. } => {
+                unreachable!("a one-shard world placed a session elsewhere")
+            }
         }
     }
 
