@@ -19,13 +19,26 @@
 //!   bug) and fails on the first violation.
 //! - Each planted bug of [`plants::PLANTS`] has a test that finds its
 //!   violation with a counterexample of minimal length.
+//! - [`map_race`] explores the race of SPEC §16 exhaustively: two shards, a
+//!   map that has just grown, two Workers with different cached maps
+//!   placing the same new session. A shard creating without the holder
+//!   check is planted and found with a shortest counterexample (the
+//!   simulation plants an absence proof reused across map revisions, which
+//!   needs a third revision).
 
 #[allow(dead_code)]
 #[path = "../common/mod.rs"]
 mod common;
 mod db;
 mod explore;
+#[allow(dead_code)]
+#[path = "../sim/holders.rs"]
+mod holders;
+mod map_race;
 mod plants;
+#[allow(dead_code)]
+#[path = "../sim/rng.rs"]
+mod rng;
 mod scenario;
 
 use explore::{search_parallel, shortest, Found};
@@ -219,4 +232,36 @@ fn planted_eviction_ignoring_liveness_prunes_a_live_call() {
 #[cfg_attr(debug_assertions, ignore = "release only: `make test` runs it")]
 fn planted_report_epoch_unchecked_applies_a_superseded_report() {
     planted("report_epoch_unchecked", 7, |_| {});
+}
+
+fn print_race(name: &str, race: &map_race::Race) {
+    println!(
+        "model check (map race{name}): {} states, {} transitions, depth {}",
+        race.states, race.transitions, race.depth
+    );
+    if let Some((path, violation)) = &race.found {
+        println!("  violation after {} actions: {violation}", path.len());
+        for (i, action) in path.iter().enumerate() {
+            println!("  {:>2}. {action:?}", i + 1);
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "release only: `make test` runs it")]
+fn the_map_change_race_never_creates_a_session_twice() {
+    let race = map_race::explore(None);
+    print_race("", &race);
+    assert!(race.found.is_none(), "the map race broke an invariant");
+    assert!(race.states > 100, "the race explored nothing");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "release only: `make test` runs it")]
+fn planted_creation_without_the_holder_check_is_found_in_the_map_race() {
+    let race = map_race::explore(Some(holders::Plant::SkipLookup));
+    print_race(", planted skip_lookup", &race);
+    let (path, violation) = race.found.expect("the planted creation went unnoticed");
+    assert!(violation.contains("is held by shards"), "{violation}");
+    assert!(path.len() <= 8, "not a short counterexample: {path:?}");
 }

@@ -79,15 +79,37 @@ struct Task {
 /// One shard's sessions, and its events as (session, event id).
 type Tables = (Vec<String>, Vec<(String, String)>);
 
+/// One step of the holder world.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Worker `worker` receives event `event` of `session` from the carrier.
+    Deliver {
+        worker: usize,
+        session: String,
+        event: String,
+    },
+    /// The placement in flight at `index` sends its next request.
+    Advance(usize),
+    /// The map gets a new revision of this many shards.
+    ChangeMap(u32),
+    /// The directory sends revision `revision` of the map to `shard`.
+    Push { shard: u32, revision: usize },
+    /// A Worker reads the map in force.
+    Refresh(usize),
+    /// A shard's object restarts: its memory is dropped.
+    Restart(u32),
+}
+
 pub struct HolderWorld {
     rng: Rng,
+    shard_count: u32,
     plant: Option<Plant>,
     now: i64,
     shards: Vec<Option<CallShard<Rc<SqliteStore>>>>,
     stores: Vec<Rc<SqliteStore>>,
     /// The map's revisions: `maps[r]` is revision `r`'s shard count.
     maps: Vec<u32>,
-    workers: [MapNotice; WORKERS],
+    workers: Vec<MapNotice>,
     tasks: Vec<Task>,
     /// Event ids per session, in the order they were first sent.
     events: BTreeMap<String, Vec<String>>,
@@ -100,13 +122,26 @@ pub struct HolderWorld {
     pub map_changes: u64,
     pub gave_up: u64,
     pub created: u64,
+    /// `gave_up` when the map stopped changing (see `hold_still`).
+    still_from: Option<u64>,
 }
 
 impl HolderWorld {
+    /// The simulation's world: [`SHARDS`] shards and [`WORKERS`] Workers,
+    /// on a map of one shard that the schedule then changes.
     pub fn new(seed: u64, plant: Option<Plant>) -> Self {
+        let mut world = Self::with(SHARDS, vec![1], WORKERS, plant);
+        world.rng = Rng(seed);
+        world
+    }
+
+    /// A world of `shard_count` shards (every one on the first map), the
+    /// map's revisions `maps` (revision `r` has `maps[r]` shards), and
+    /// `workers` Workers that have cached the first.
+    pub fn with(shard_count: u32, maps: Vec<u32>, workers: usize, plant: Option<Plant>) -> Self {
         let mut stores = Vec::new();
         let mut shards = Vec::new();
-        for k in 0..SHARDS {
+        for k in 0..shard_count {
             let store = SqliteStore::in_memory().expect("sqlite");
             migrate(&store, T0).expect("migrate");
             let store = Rc::new(store);
@@ -116,13 +151,14 @@ impl HolderWorld {
             stores.push(store);
         }
         Self {
-            rng: Rng(seed),
+            rng: Rng(0),
+            shard_count,
             plant,
             now: T0,
             shards,
             stores,
-            maps: vec![1],
-            workers: [MapNotice::default(); WORKERS],
+            maps,
+            workers: vec![MapNotice::default(); workers],
             tasks: Vec::new(),
             events: BTreeMap::new(),
             stored: Vec::new(),
@@ -133,7 +169,71 @@ impl HolderWorld {
             map_changes: 0,
             gave_up: 0,
             created: 0,
+            still_from: None,
         }
+    }
+
+    /// Everything the future of this world depends on, as text: each
+    /// shard's sessions, events and adopted map, the placements in flight,
+    /// the Workers' maps and the map's revisions. Two worlds with the same
+    /// fingerprint behave alike (the model check explores one of them).
+    pub fn fingerprint(&self) -> String {
+        let mut text = format!("{:?}|{:?}|{:?}|", self.maps, self.workers, self.tasks);
+        for store in &self.stores {
+            for sql in [
+                "SELECT call_session_id FROM sessions ORDER BY 1",
+                "SELECT event_id, call_session_id FROM events ORDER BY 1",
+                "SELECT name, value FROM counters WHERE name LIKE 'map_%' ORDER BY 1",
+            ] {
+                text.push_str(&format!("{:?}|", store.exec(sql, &[]).expect("read")));
+            }
+        }
+        text
+    }
+
+    /// How many placements are in flight.
+    pub fn in_flight(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Applies one action and checks every invariant after it.
+    pub fn apply(&mut self, action: &Action) {
+        self.steps += 1;
+        match action {
+            Action::Deliver {
+                worker,
+                session,
+                event,
+            } => self.deliver(*worker, session, event),
+            Action::Advance(i) => self.advance(*i),
+            Action::ChangeMap(n) => {
+                self.maps.push(*n);
+                self.map_changes += 1;
+            }
+            Action::Push { shard, revision } => {
+                let notice = self.notice(*revision);
+                self.shard(*shard).handle_map(&notice).expect("map");
+            }
+            Action::Refresh(w) => self.workers[*w] = self.current(),
+            Action::Restart(k) => {
+                let k = *k as usize;
+                self.shards[k] = None;
+                self.shards[k] = Some(
+                    CallShard::new(self.stores[k].clone(), EngineConfig::default())
+                        .numbered(k as u32),
+                );
+            }
+        }
+        self.check();
+    }
+
+    /// Counts the placements that gave up from now on as violations: under
+    /// a still map, every placement must end within [`ROUNDS`] requests.
+    pub fn hold_still(&mut self) {
+        for task in &mut self.tasks {
+            task.rounds = 0;
+        }
+        self.still_from = Some(self.gave_up);
     }
 
     /// The directory's notice of revision `r`: every count so far is in the
@@ -155,94 +255,72 @@ impl HolderWorld {
 
     pub fn run(&mut self) {
         for _ in 0..STEPS {
-            self.step();
-            self.check();
+            self.now += 1 + self.rng.below(50) as i64;
+            let action = self.pick();
+            self.apply(&action);
         }
-        // The map holds still: every placement in flight must end, stored,
-        // within the requests a still map needs.
-        let gave_up = self.gave_up;
-        for task in &mut self.tasks {
-            task.rounds = 0;
-        }
-        while !self.tasks.is_empty() {
-            self.advance(0);
-            self.check();
-        }
-        if self.gave_up > gave_up {
-            self.violations.push(format!(
-                "{} placements did not end under a still map",
-                self.gave_up - gave_up
-            ));
+        self.hold_still();
+        while self.in_flight() > 0 {
+            self.apply(&Action::Advance(0));
         }
     }
 
-    fn step(&mut self) {
-        self.steps += 1;
-        self.now += 1 + self.rng.below(50) as i64;
+    /// A random action.
+    fn pick(&mut self) -> Action {
+        let shard = self.rng.below(u64::from(self.shard_count)) as u32;
+        let worker = self.rng.below(self.workers.len() as u64) as usize;
         match self.rng.below(100) {
-            0..=29 => self.new_task(),
+            0..=29 => {
+                // A window of sessions that moves on: new sessions keep
+                // arriving while the map changes, some of them at two
+                // Workers at once; 30% of events are repeats.
+                let first = self.steps / STEPS_PER_SESSION;
+                let session = format!("v3:sim-{}", first + self.rng.below(SESSIONS));
+                let sent = self.events.get(&session).map_or(0, Vec::len) as u64;
+                let n = if sent > 0 && self.rng.chance(30) {
+                    self.rng.below(sent)
+                } else {
+                    sent
+                };
+                Action::Deliver {
+                    worker,
+                    event: format!("{session}/e{n}"),
+                    session,
+                }
+            }
             30..=79 if !self.tasks.is_empty() => {
-                let i = self.rng.below(self.tasks.len() as u64) as usize;
-                self.advance(i);
+                Action::Advance(self.rng.below(self.tasks.len() as u64) as usize)
             }
-            80..=85 => self.change_map(),
-            86..=90 => {
-                let k = self.rng.below(u64::from(SHARDS)) as u32;
-                let r = self.rng.below(self.maps.len() as u64) as usize;
-                let notice = self.notice(r);
-                self.shard(k).handle_map(&notice).expect("map");
-            }
-            91..=96 => {
-                let w = self.rng.below(WORKERS as u64) as usize;
-                self.workers[w] = self.current();
-            }
-            _ => {
-                let k = self.rng.below(u64::from(SHARDS)) as usize;
-                self.shards[k] = None;
-                self.shards[k] = Some(
-                    CallShard::new(self.stores[k].clone(), EngineConfig::default())
-                        .numbered(k as u32),
-                );
-            }
+            80..=85 => Action::ChangeMap(1 + self.rng.below(u64::from(self.shard_count)) as u32),
+            86..=90 => Action::Push {
+                shard,
+                revision: self.rng.below(self.maps.len() as u64) as usize,
+            },
+            91..=96 => Action::Refresh(worker),
+            _ => Action::Restart(shard),
         }
     }
 
-    /// A Worker receives a webhook: a new event of a session, or a
-    /// duplicate of one already sent.
-    fn new_task(&mut self) {
-        let worker = self.rng.below(WORKERS as u64) as usize;
-        // A window of sessions that moves on: new sessions keep arriving
-        // while the map changes, some of them at two Workers at once.
-        let first = self.steps / STEPS_PER_SESSION;
-        let session = format!("v3:sim-{}", first + self.rng.below(SESSIONS));
-        let sent = self.events.entry(session.clone()).or_default();
-        let event = if !sent.is_empty() && self.rng.chance(30) {
-            sent[self.rng.below(sent.len() as u64) as usize].clone()
-        } else {
-            let id = format!("{session}/e{}", sent.len());
-            sent.push(id.clone());
-            id
-        };
+    /// A Worker receives a webhook.
+    fn deliver(&mut self, worker: usize, session: &str, event: &str) {
+        let sent = self.events.entry(session.to_owned()).or_default();
+        if !sent.iter().any(|e| e == event) {
+            sent.push(event.to_owned());
+        }
         let map = self.workers[worker];
         self.tasks.push(Task {
             worker,
             next: Next::Webhook {
-                shard: map.home(&session),
+                shard: map.home(session),
             },
-            session,
-            event,
+            session: session.to_owned(),
+            event: event.to_owned(),
             arrival: Arrival {
                 map: Some(map),
                 absent: None,
             },
             rounds: 0,
         });
-    }
-
-    fn change_map(&mut self) {
-        let n = 1 + self.rng.below(u64::from(SHARDS)) as u32;
-        self.maps.push(n);
-        self.map_changes += 1;
     }
 
     /// Sends task `i`'s next request and takes its answer.
@@ -306,7 +384,7 @@ impl HolderWorld {
             .shard(shard)
             .handle_placed_webhook(&envelope, &body, &[], &task.arrival, self.now)
             .expect("webhook");
-        let adopt = |task: &mut Task, workers: &mut [MapNotice; WORKERS], map: MapNotice| {
+        let adopt = |task: &mut Task, workers: &mut [MapNotice], map: MapNotice| {
             if map.supersedes(&workers[task.worker]) {
                 workers[task.worker] = map;
             }
@@ -353,7 +431,7 @@ impl HolderWorld {
 
     /// The shards whose tables hold session `id`.
     fn holders(&self, id: &str) -> Vec<u32> {
-        (0..SHARDS)
+        (0..self.shard_count)
             .filter(|&k| {
                 !self.stores[k as usize]
                     .exec(
@@ -390,6 +468,12 @@ impl HolderWorld {
     }
 
     fn check(&mut self) {
+        if let Some(from) = self.still_from.filter(|&from| self.gave_up > from) {
+            self.violations.push(format!(
+                "{} placements did not end under a still map",
+                self.gave_up - from
+            ));
+        }
         let tables = self.tables();
         let mut holder: BTreeMap<&str, u32> = BTreeMap::new();
         for (k, (sessions, _)) in tables.iter().enumerate() {

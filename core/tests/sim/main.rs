@@ -33,6 +33,8 @@
 #[allow(dead_code)]
 #[path = "../common/mod.rs"]
 mod common;
+// Shared with the model check, which uses what the simulation does not.
+#[allow(dead_code)]
 mod holders;
 mod machines;
 mod rng;
