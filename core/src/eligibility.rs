@@ -167,6 +167,37 @@ pub struct LineRef<'a> {
     pub called_number: &'a str,
 }
 
+/// True when a decision made on `new` is the one it would make on `old`,
+/// the beat it replaces: `old` still vouches for the node at `now_ms` and
+/// no longer than `new` does, and every other field a rule reads is the
+/// same (for the reported calls, whether
+/// they reach the limit, with `registry_max` the registry's `max_calls`).
+/// A beat that only repeats its node needs no acknowledgement across
+/// shards (SPEC §16).
+pub fn same_for_decisions(old: &Beat, new: &Beat, registry_max: Option<u32>, now_ms: i64) -> bool {
+    let (a, b) = (&old.heartbeat, &new.heartbeat);
+    let full = |beat: &Beat| {
+        let limit = beat
+            .heartbeat
+            .capacity
+            .max_calls
+            .min(registry_max.unwrap_or(u32::MAX));
+        beat.heartbeat.capacity.active_calls >= limit
+    };
+    old.valid_until_ms() > now_ms
+        && new.valid_until_ms() >= old.valid_until_ms()
+        && a.mode == b.mode
+        && a.sha == b.sha
+        && a.dirty == b.dirty
+        && a.app_ready == b.app_ready
+        && a.capacity.max_calls == b.capacity.max_calls
+        && full(old) == full(new)
+        && a.tunnel_up == b.tunnel_up
+        && a.origin_url == b.origin_url
+        && a.lines == b.lines
+        && a.routing_hash == b.routing_hash
+}
+
 /// The effective call limit: the smaller of the beat's and the registry's.
 pub fn effective_max_calls(entry: Option<&NodeEntry>, beat: Option<&Beat>) -> Option<u32> {
     let from_beat = beat.map(|b| b.heartbeat.capacity.max_calls);

@@ -22,7 +22,7 @@ pub use crate::directory::{
     Cached, DocError, HeartbeatRefusal, NodeKey, ProbeAdmission, KEPT_REVISIONS,
 };
 pub use crate::error::EngineError;
-pub use crate::messages::{DirectoryView, ForwardMark, ForwardResult};
+pub use crate::messages::{DirectoryView, ForwardMark, ForwardResult, Lease, LeaseAsk};
 pub use crate::node_auth::Caller;
 pub use crate::shard::{
     may_reforward, AlarmWork, BadRequest, ClaimReply, ClaimRequest, Delivered, FenceGrant,
@@ -140,13 +140,16 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// Runs one request of the shard between two settles.
+    /// Runs one request of the shard between two settles, counting against
+    /// each node's capacity what the other shards may hold.
     fn on_shard<T, E: From<EngineError>>(
         &self,
         now_ms: i64,
         request: impl FnOnce(&CallShard<Rc<S>>) -> Result<T, E>,
     ) -> Result<T, E> {
         self.settle(now_ms)?;
+        self.shard
+            .set_held_elsewhere(self.directory.held_by_shards()?);
         let out = request(&self.shard);
         self.settle(now_ms)?;
         out
@@ -226,6 +229,32 @@ impl<S: Store> Engine<S> {
         self.on_directory(now_ms, |d| {
             d.handle_heartbeat(caller, signed_at_s, body, open_calls, now_ms)
         })
+    }
+
+    /// A call shard's ask for a lease ([`Directory::handle_lease_ask`]),
+    /// counting this object's own open calls and the map's shard count.
+    pub fn handle_lease_ask(
+        &self,
+        ask: &LeaseAsk,
+        now_ms: i64,
+    ) -> Result<Option<Lease>, EngineError> {
+        let open = self.shard.open_calls()?;
+        let (_, map) = self.directory.shard_map()?;
+        self.directory
+            .handle_lease_ask(ask, &open, map.call_shards as u32, now_ms)
+    }
+
+    /// When the answer to a directory request made at `now_ms` may be
+    /// given: once every lease granted before the last change to what a
+    /// decision reads has lapsed (SPEC §16; at once with no lease).
+    pub fn acknowledge_at(&self, now_ms: i64) -> Result<i64, EngineError> {
+        let decisive = self.directory.take_decisive();
+        self.directory.acknowledge_at(now_ms, decisive)
+    }
+
+    /// The next shard to ask to report ([`Directory::poll_reclaim`]).
+    pub fn poll_reclaim(&self) -> Option<u32> {
+        self.directory.poll_reclaim()
     }
 
     /// `POST /v1/nodes/probe` ([`Directory::handle_probe`]).

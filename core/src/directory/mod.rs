@@ -22,11 +22,14 @@
 //! - `documents`: the registry and the policy, stored by revision with
 //!   compare-and-set, and their history;
 //! - `nodes`: key checks, heartbeats, marks, and taking the view;
+//! - `leases`: the leases call shards decide under, capacity counted
+//!   across shards, and when a change may be acknowledged;
 //! - `probes`: the L5 probe's per-node rate limit;
 //! - `queries`: the directory's SQL (documents, beats, forward health, the
 //!   probe's times), visible only inside this module.
 
 mod documents;
+mod leases;
 mod nodes;
 mod probes;
 mod queries;
@@ -70,6 +73,15 @@ struct Cache {
     changed_at_ms: i64,
     /// True once the current view went out through `poll_output`.
     view_sent: bool,
+    /// Every call shard's lease row (`leases`).
+    leases: Option<Vec<queries::LeaseRow>>,
+    /// Shards to ask to report, for [`Directory::poll_reclaim`].
+    reclaim: Vec<u32>,
+    /// True after a change that may alter a decision, until taken
+    /// ([`Directory::take_decisive`]).
+    decisive: bool,
+    /// When the last such change may be acknowledged (`leases`).
+    pending_ack: Option<i64>,
 }
 
 /// A message the directory takes from a call shard.
@@ -149,13 +161,27 @@ impl<S: Store> Directory<S> {
     }
 
     /// Marks what the view holds as changed at `now_ms`: the next
-    /// [`Directory::view`] is taken afresh.
+    /// [`Directory::view`] is taken afresh. The change may alter a decision.
     fn changed(&self, now_ms: i64) {
+        self.touched(now_ms, true);
+    }
+
+    /// [`Directory::changed`], saying whether the change may alter a
+    /// decision (a beat that repeats what its node said does not).
+    fn touched(&self, now_ms: i64, decisive: bool) {
         let mut cache = self.cache.borrow_mut();
+        cache.decisive |= decisive;
         cache.view = None;
         cache.view_sent = false;
         cache.generation += 1;
         cache.changed_at_ms = cache.changed_at_ms.max(now_ms);
+    }
+
+    /// True when a change that may alter a decision was made since the
+    /// last call: its acknowledgement waits for
+    /// [`Directory::acknowledge_at`] (SPEC §16).
+    pub fn take_decisive(&self) -> bool {
+        std::mem::take(&mut self.cache.borrow_mut().decisive)
     }
 
     /// The current node registry, if one was ever written.

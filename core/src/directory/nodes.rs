@@ -97,6 +97,7 @@ impl<S: Store> Directory<S> {
         now_ms: i64,
     ) -> Result<Json, HeartbeatRefusal> {
         let node = caller.node;
+        let before = self.beat(node)?;
         let result = self.unit(|| {
             if !self.key_in_force(caller)? {
                 return Err(HeartbeatRefusal::UnknownNode);
@@ -166,12 +167,18 @@ impl<S: Store> Directory<S> {
         }
         let (answer, stored) = result?;
         if let Some(beat) = stored {
+            let limit = self
+                .registry()?
+                .and_then(|(_, r)| r.nodes.get(node).and_then(|e| e.max_calls));
+            let decisive = !before
+                .as_deref()
+                .is_some_and(|old| eligibility::same_for_decisions(old, &beat, limit, now_ms));
             // Committed: the parsed beat replaces the cached one.
             self.cache
                 .borrow_mut()
                 .beats
                 .insert(node.to_owned(), Some(beat));
-            self.changed(now_ms);
+            self.touched(now_ms, decisive);
         }
         Ok(answer)
     }

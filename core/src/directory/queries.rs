@@ -248,3 +248,73 @@ impl<S: Store> Queries<'_, S> {
         Ok(())
     }
 }
+
+/// One shard's row of `shard_leases`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::directory) struct LeaseRow {
+    pub shard: u32,
+    pub seq: u64,
+    pub until_ms: i64,
+    pub open: PerNode<u32>,
+    pub caps: PerNode<u32>,
+}
+
+/// A per-node table as a JSON object.
+fn per_node_json(table: &PerNode<u32>) -> String {
+    let object: serde_json::Map<String, serde_json::Value> = table
+        .iter()
+        .map(|(node, n)| (node.to_owned(), (*n).into()))
+        .collect();
+    serde_json::Value::Object(object).to_string()
+}
+
+/// A per-node table from its JSON object.
+fn per_node_parse(text: &str) -> Result<PerNode<u32>, EngineError> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| EngineError::Corrupt(e.to_string()))?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| EngineError::Corrupt("shard_leases table".into()))?;
+    Ok(object
+        .iter()
+        .map(|(node, n)| (node.clone(), n.as_u64().unwrap_or(0) as u32))
+        .collect())
+}
+
+impl<S: Store> Queries<'_, S> {
+    /// Every shard's lease row.
+    pub(in crate::directory) fn lease_rows(&self) -> Result<Vec<LeaseRow>, EngineError> {
+        self.run(
+            "SELECT shard, seq, until_ms, open, caps FROM shard_leases ORDER BY shard",
+            &[],
+        )?
+        .iter()
+        .map(|r| {
+            Ok(LeaseRow {
+                shard: int(r, 0).unwrap_or(0) as u32,
+                seq: int(r, 1).unwrap_or(0) as u64,
+                until_ms: int(r, 2).unwrap_or(0),
+                open: per_node_parse(&text(r, 3).unwrap_or_default())?,
+                caps: per_node_parse(&text(r, 4).unwrap_or_default())?,
+            })
+        })
+        .collect()
+    }
+
+    /// Stores a shard's lease row, replacing the one it had.
+    pub(in crate::directory) fn store_lease(&self, row: &LeaseRow) -> Result<(), EngineError> {
+        self.run(
+            "INSERT INTO shard_leases (shard, seq, until_ms, open, caps) VALUES (?, ?, ?, ?, ?) \
+             ON CONFLICT (shard) DO UPDATE SET seq = excluded.seq, until_ms = excluded.until_ms, \
+             open = excluded.open, caps = excluded.caps",
+            &[
+                Value::Int(i64::from(row.shard)),
+                Value::Int(row.seq as i64),
+                Value::Int(row.until_ms),
+                per_node_json(&row.open).into(),
+                per_node_json(&row.caps).into(),
+            ],
+        )?;
+        Ok(())
+    }
+}

@@ -8,16 +8,20 @@
 //!   newest it has seen ([`DirectoryView::supersedes`]).
 //! - [`mark`]: [`ForwardMark`], shard to directory: a forward failed, or
 //!   delivered to a node that was failing. Applying one only raises a time.
+//! - [`lease`]: [`LeaseAsk`], shard to directory, and [`Lease`], back: the
+//!   view and per-node caps a shard other than `global` decides under.
 //! - [`map`]: [`MapNotice`], directory to shard (and carried by the Worker
 //!   with every request it places): the shard map and the shard counts of
 //!   its recent history. A shard keeps the newest revision it has seen.
 //!
 //! Neither machine imports the other: both import these.
 
+pub mod lease;
 pub mod map;
 pub mod mark;
 pub mod view;
 
+pub use lease::{Lease, LeaseAsk, CLOCK_MARGIN_MS, LEASE_MS, LEASE_VERSION};
 pub use map::{MapNotice, MAP_VERSION};
 pub use mark::{ForwardMark, ForwardResult, MARK_VERSION};
 pub use view::{lists_key, DirectoryView, Health, NodeState, PerNode, VIEW_VERSION};

@@ -121,6 +121,11 @@ impl<T: Copy> PerNode<T> {
         self.0.retain(|(n, v)| keep(n, *v));
     }
 
+    /// Every entry, in the order set.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &T)> {
+        self.0.iter().map(|(n, v)| (n.as_str(), v))
+    }
+
     /// True when the table has no entry.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

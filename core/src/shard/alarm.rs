@@ -109,7 +109,7 @@ impl<S: Store> CallShard<S> {
         let q = self.q();
         q.set_event_state(event_id, st::REJECTED, now_ms)?;
         self.metrics.stage(Count::Webhook(WebhookOutcome::Rejected));
-        let view = self.decision_view();
+        let view = self.decision_view(now_ms);
         let routed = route_session(&view, session, now_ms)?;
         let subject = DecisionSubject {
             session: Some(&session.id),
@@ -160,7 +160,7 @@ impl<S: Store> CallShard<S> {
         if owners.is_empty() {
             return Ok(());
         }
-        let view = self.decision_view();
+        let view = self.decision_view(now_ms);
         for owner in owners {
             let silent_since = match view.beat(&owner) {
                 Some(beat) => beat.valid_until_ms(),

@@ -151,7 +151,7 @@ impl<S: Store> CallShard<S> {
     ) -> Result<ClaimReply, EngineError> {
         let node = caller.node;
         let reply = self.unit(|| {
-            let view = self.decision_view();
+            let view = self.decision_view(now_ms);
             if !view.key_in_force(caller.node, caller.kid) {
                 return Ok::<_, EngineError>(ClaimReply::NotRegistered);
             }

@@ -47,6 +47,8 @@
 //!   `poll_alarm`;
 //! - `holder`: the holder rule: whether a session not held here may be
 //!   created here, the map the shard adopted, and `handle_holds`;
+//! - `lease`: the lease a shard other than `global` decides under, and the
+//!   room it (or, in `global`, the other shards) leaves on each node;
 //! - `view`: what a decision reads: the directory's view with the shard's
 //!   own marks and open calls;
 //! - `routing`: resolution and selection, pure functions of that view, the
@@ -67,6 +69,7 @@ mod alarm;
 mod fencing;
 mod holder;
 mod ingress;
+mod lease;
 pub(crate) mod ownership;
 pub(crate) mod queries;
 mod refusals;
@@ -89,6 +92,7 @@ pub use reports::{
     may_reforward, Report, ReportEffect, ReportedAnswer, MAX_HOPS, MIN_REFORWARD_BUDGET_MS,
 };
 pub use requests::{BadRequest, ClaimRequest, FenceRequest, MediaVerifyRequest, PreviewRequest};
+pub use views::STATUS_DECISIONS;
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
@@ -178,6 +182,14 @@ pub struct CallShard<S: Store> {
     refused: std::cell::Cell<Refused>,
     /// The metrics counted since this shard started (SPEC §17).
     metrics: Counters,
+    /// `None` for `global`'s shard; else the lease held, if any (`lease`).
+    lease_state: RefCell<Option<Option<lease::HeldLease>>>,
+    /// The newest lease ask since this shard started.
+    asked: std::cell::Cell<Option<u64>>,
+    /// Nodes whose cap a decision found reached, for the next ask.
+    wants: RefCell<Vec<String>>,
+    /// In `global`: per node, the open calls the other shards may hold.
+    elsewhere: RefCell<PerNode<u32>>,
 }
 
 impl<S: Store> CallShard<S> {
@@ -195,6 +207,10 @@ impl<S: Store> CallShard<S> {
             outbox: RefCell::new(Vec::new()),
             refused: std::cell::Cell::new(Refused::default()),
             metrics: Counters::default(),
+            lease_state: RefCell::new(None),
+            asked: std::cell::Cell::new(None),
+            wants: RefCell::new(Vec::new()),
+            elsewhere: RefCell::new(PerNode::default()),
         }
     }
 

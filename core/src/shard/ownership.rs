@@ -281,7 +281,7 @@ impl<S: Store> CallShard<S> {
             session: Some(&id),
             event: event_id,
         };
-        let view = self.decision_view();
+        let view = self.decision_view(now_ms);
         let routed = match row.is_outgoing() {
             true => None,
             false => route_session(&view, row, now_ms)?,

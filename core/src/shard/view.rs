@@ -2,6 +2,7 @@
 //! the shard knows laid over it (its own forward marks the directory has
 //! not yet echoed, and each node's open calls).
 
+use super::lease::Room;
 use super::rows::SessionRow;
 use super::{CallShard, EngineError};
 use crate::eligibility::{self, Beat, Candidacy, NodeFacts, Reason};
@@ -26,6 +27,11 @@ pub(crate) struct ShardView<'a> {
     marks: PerNode<Health>,
     open_calls: RefCell<PerNode<u32>>,
     load: LoadOpenCalls<'a>,
+    /// What counts against capacity beyond this shard's open calls.
+    room: Room,
+    elsewhere: PerNode<u32>,
+    /// Where a decision records a node whose cap it found reached.
+    want: Box<dyn Fn(&str) + 'a>,
 }
 
 impl Deref for ShardView<'_> {
@@ -79,6 +85,18 @@ impl ShardView<'_> {
         node: &str,
         except: Option<&SessionRow>,
     ) -> Result<Option<NodeNow>, EngineError> {
+        self.node_counting(node, except, true)
+    }
+
+    /// [`ShardView::node`]; `counting_room` adds what the lease or the
+    /// other shards hold to the open calls (a decision's count), else the
+    /// open calls are this shard's alone (a status read's).
+    fn node_counting(
+        &self,
+        node: &str,
+        except: Option<&SessionRow>,
+        counting_room: bool,
+    ) -> Result<Option<NodeNow>, EngineError> {
         let Some(state) = self.directory.nodes.get(node) else {
             return Ok(None);
         };
@@ -87,12 +105,39 @@ impl ShardView<'_> {
             Some(mine) => state.health.merge(mine),
             None => state.health,
         };
+        let here = self.open_calls(node)?.saturating_sub(own);
         Ok(Some(NodeNow {
             beat: state.beat.clone(),
-            open_calls: self.open_calls(node)?.saturating_sub(own),
+            open_calls: match counting_room {
+                true => self.counted(node, here, state.beat.as_deref()),
+                false => here,
+            },
             health,
             seq_regressions: state.seq_regressions,
         }))
+    }
+
+    /// The open calls that count against `node`'s capacity for a decision
+    /// here, given `here` in this shard: for `global`, those and what the
+    /// other shards may hold; for a leased shard, its own, raised to the
+    /// node's limit once they reach the lease's cap (so the capacity rule
+    /// refuses the node exactly when the cap is reached).
+    fn counted(&self, node: &str, here: u32, beat: Option<&Beat>) -> u32 {
+        match &self.room {
+            Room::Unleased => here + self.elsewhere.get(node).unwrap_or(0),
+            Room::Leased(caps) => {
+                let cap = caps.as_ref().and_then(|c| c.get(node)).unwrap_or(0);
+                let entry = self.registry.as_ref().and_then(|(_, r)| r.nodes.get(node));
+                match eligibility::effective_max_calls(entry, beat) {
+                    Some(limit) if here >= cap => {
+                        (self.want)(node);
+                        here.max(limit)
+                    }
+                    Some(limit) => here + limit.saturating_sub(cap),
+                    None => here,
+                }
+            }
+        }
     }
 
     /// Every registered node, by id, with the general (call-independent)
@@ -106,7 +151,7 @@ impl ShardView<'_> {
         *self.open_calls.borrow_mut() = all_open_calls;
         let mut out = Vec::with_capacity(self.directory.nodes.len());
         for name in self.directory.nodes.keys() {
-            let state = self.node(name, None)?.unwrap_or_default();
+            let state = self.node_counting(name, None, false)?.unwrap_or_default();
             let entry = self.registry.as_ref().and_then(|(_, r)| r.nodes.get(name));
             let reasons = eligibility::check(&state.facts(entry), Candidacy::General, None, now_ms);
             out.push((name, state, reasons));
@@ -116,14 +161,19 @@ impl ShardView<'_> {
 }
 
 impl<S: Store> CallShard<S> {
-    /// The view a decision starts on: the newest the directory sent, and
-    /// this shard's own marks; open calls are read as nodes are visited.
-    pub(crate) fn decision_view(&self) -> ShardView<'_> {
+    /// The view a decision starting at `now_ms` is made on: the newest the
+    /// directory sent, this shard's own marks, and the room the lease (or,
+    /// in `global`, the other shards) leaves; open calls are read as nodes
+    /// are visited.
+    pub(crate) fn decision_view(&self, now_ms: i64) -> ShardView<'_> {
         ShardView {
             directory: self.view.borrow().clone(),
             marks: self.marks.borrow().clone(),
             open_calls: RefCell::new(PerNode::default()),
             load: Box::new(move |node| self.q().open_calls(node)),
+            room: self.room(now_ms),
+            elsewhere: self.elsewhere.borrow().clone(),
+            want: Box::new(move |node| self.want(node)),
         }
     }
 

@@ -63,7 +63,7 @@ impl<S: Store> CallShard<S> {
     pub fn preview(&self, req: &PreviewRequest, now_ms: i64) -> Result<Option<Json>, EngineError> {
         let to = req.to.as_deref().and_then(normalise);
         let from = req.from.as_deref().and_then(normalise);
-        let view = self.decision_view();
+        let view = self.decision_view(now_ms);
         let routed = match &req.policy {
             None => route(&view, from.as_deref(), to.as_deref(), None, now_ms)?,
             Some(draft) => {
@@ -232,7 +232,7 @@ impl<S: Store> CallShard<S> {
 
     /// `GET /v1/status`: the panel contract.
     pub fn status(&self, now_ms: i64) -> Result<Json, EngineError> {
-        let view = self.decision_view();
+        let view = self.decision_view(now_ms);
         let (policy, registry) = (&view.policy, &view.registry);
         let q = self.q();
         let last_webhook = q.counter("last_webhook_at")?;

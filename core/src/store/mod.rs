@@ -90,6 +90,10 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0005_session_cap",
         sql: include_str!("../../../migrations/0005_session_cap.sql"),
     },
+    Migration {
+        name: "0006_shard_leases",
+        sql: include_str!("../../../migrations/0006_shard_leases.sql"),
+    },
 ];
 
 /// Applies the migrations not yet recorded in `schema_migrations`, in order.

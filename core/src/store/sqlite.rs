@@ -110,7 +110,8 @@ mod tests {
                 "0002_node_load",
                 "0003_events_by_seq",
                 "0004_seq_regressions",
-                "0005_session_cap"
+                "0005_session_cap",
+                "0006_shard_leases"
             ]
         );
         assert!(migrate(&store, 2).unwrap().is_empty());
@@ -127,7 +128,8 @@ mod tests {
                 vec![Value::from("0002_node_load"), Value::Int(1)],
                 vec![Value::from("0003_events_by_seq"), Value::Int(1)],
                 vec![Value::from("0004_seq_regressions"), Value::Int(1)],
-                vec![Value::from("0005_session_cap"), Value::Int(1)]
+                vec![Value::from("0005_session_cap"), Value::Int(1)],
+                vec![Value::from("0006_shard_leases"), Value::Int(1)]
             ]
         );
     }

@@ -1,0 +1,135 @@
+//! A shard's lease (SPEC §16, `messages::lease`): shards other than
+//! `global` decide only under a lease from the directory, and give a node a
+//! call only while their open calls there are below the lease's cap.
+//! `global`'s own shard needs no lease: it decides on the directory's view
+//! in the same object, and counts against each node's capacity what the
+//! other shards may hold ([`CallShard::set_held_elsewhere`]).
+//!
+//! Asking for a lease gives up the one held, so the open calls the ask
+//! reports stay exact until the answer comes; only the answer to the newest
+//! ask is taken. After a restart no lease is held.
+
+use super::{CallShard, ShardInput};
+use crate::error::EngineError;
+use crate::messages::{Lease, LeaseAsk, PerNode, CLOCK_MARGIN_MS, LEASE_MS, LEASE_VERSION};
+use crate::store::Store;
+use std::rc::Rc;
+
+/// The lease a shard decides under.
+#[derive(Debug, Clone)]
+pub(crate) struct HeldLease {
+    /// When the shard stops using it (its end less the clock margin).
+    pub usable_until_ms: i64,
+    /// Per node, the most open calls the shard may have.
+    pub caps: PerNode<u32>,
+}
+
+/// What a shard knows of the calls that count against a node's capacity
+/// outside its own tables.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Room {
+    /// The only shard, or `global` with what the other shards may hold.
+    #[default]
+    Unleased,
+    /// A leased shard: its caps (`None`: no usable lease, so no room).
+    Leased(Option<PerNode<u32>>),
+}
+
+impl<S: Store> CallShard<S> {
+    /// The same shard, deciding only under leases (every shard but
+    /// `global`).
+    pub fn leased(self) -> Self {
+        *self.lease_state.borrow_mut() = Some(None);
+        self
+    }
+
+    /// True when this shard may decide now: it needs no lease, or it holds
+    /// one that is still usable.
+    pub fn lease_usable(&self, now_ms: i64) -> bool {
+        match &*self.lease_state.borrow() {
+            None => true,
+            Some(held) => held.as_ref().is_some_and(|l| l.usable_until_ms > now_ms),
+        }
+    }
+
+    /// True when the shard should ask for a lease now: it has none usable,
+    /// half of it has run, or a decision found a cap reached.
+    pub fn lease_due(&self, now_ms: i64) -> bool {
+        match &*self.lease_state.borrow() {
+            None => false,
+            Some(None) => true,
+            Some(Some(l)) => {
+                l.usable_until_ms - now_ms < LEASE_MS / 2 || !self.wants.borrow().is_empty()
+            }
+        }
+    }
+
+    /// Gives up the lease held and asks for a new one (`reclaimed`: the
+    /// directory asked this shard to report; it wants no spare room).
+    pub fn lease_ask(&self, reclaimed: bool) -> Result<LeaseAsk, EngineError> {
+        let (seq, open) = self.unit(|| {
+            let q = self.q();
+            let seq = q.counters(&["lease_seq"], &[])?[0];
+            Ok::<_, EngineError>((seq, q.all_open_calls()?))
+        })?;
+        if let Some(held) = &mut *self.lease_state.borrow_mut() {
+            *held = None;
+        }
+        self.asked.set(Some(seq));
+        Ok(LeaseAsk {
+            v: LEASE_VERSION,
+            shard: self.index,
+            seq,
+            open,
+            want: std::mem::take(&mut *self.wants.borrow_mut()),
+            reclaimed,
+        })
+    }
+
+    /// The directory's answer: taken when it answers this shard's newest
+    /// ask (since it started). Returns true when taken.
+    pub fn handle_lease(&self, lease: Lease) -> bool {
+        let newest = self.asked.get() == Some(lease.seq);
+        if lease.v != LEASE_VERSION || lease.shard != self.index || !newest {
+            return false;
+        }
+        let mut state = self.lease_state.borrow_mut();
+        let Some(held) = &mut *state else {
+            return false;
+        };
+        *held = Some(HeldLease {
+            usable_until_ms: lease.until_ms - CLOCK_MARGIN_MS,
+            caps: lease.caps,
+        });
+        drop(state);
+        self.handle_input(ShardInput::View(Rc::clone(&lease.view)));
+        true
+    }
+
+    /// For `global`'s own shard: per node, the open calls the other shards
+    /// may hold ([`crate::directory::Directory::held_by_shards`]).
+    pub fn set_held_elsewhere(&self, held: PerNode<u32>) {
+        *self.elsewhere.borrow_mut() = held;
+    }
+
+    /// What a decision starting now counts against each node's capacity
+    /// beyond this shard's open calls.
+    pub(crate) fn room(&self, now_ms: i64) -> Room {
+        match &*self.lease_state.borrow() {
+            None => Room::Unleased,
+            Some(held) => Room::Leased(
+                held.as_ref()
+                    .filter(|l| l.usable_until_ms > now_ms)
+                    .map(|l| l.caps.clone()),
+            ),
+        }
+    }
+
+    /// A decision found `node`'s cap reached: the next ask asks for room.
+    pub(crate) fn want(&self, node: &str) {
+        let mut wants = self.wants.borrow_mut();
+        if !wants.iter().any(|n| n == node) {
+            wants.push(node.to_owned());
+        }
+    }
+}
