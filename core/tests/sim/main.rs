@@ -36,6 +36,7 @@ mod common;
 // Shared with the model check, which uses what the simulation does not.
 #[allow(dead_code)]
 mod holders;
+mod leases;
 mod machines;
 mod rng;
 mod world;
@@ -204,4 +205,72 @@ fn an_absence_proof_not_bound_to_its_map_revision_is_caught() {
     println!(
         "sim holders: an absence proof carried across map revisions caught in schedule {caught:?}"
     );
+}
+
+#[test]
+fn leases_keep_capacity_and_acknowledged_drains_across_shards() {
+    let seeds = schedules();
+    let (mut steps, mut assigned, mut parked, mut leases, mut reclaims, mut full) =
+        (0, 0, 0, 0, 0, 0);
+    for seed in &seeds {
+        let mut world = leases::LeaseWorld::new(*seed, None);
+        world.run();
+        assert!(
+            world.violations.is_empty(),
+            "leases: seed {seed}: {:?}\nreplay: CALLFENCE_SIM_SEED={seed} cargo test -p callfence-core --test sim leases",
+            world.violations
+        );
+        steps += world.steps;
+        assigned += world.assigned;
+        parked += world.parked;
+        leases += world.leases;
+        reclaims += world.reclaims;
+        full += world.full;
+    }
+    assert!(
+        seeds.len() == 1 || (assigned > 0 && leases > 0 && full > 0),
+        "the lease world never filled a node or reclaimed room"
+    );
+    println!(
+        "sim leases: {} schedules, {steps} steps, 0 violations ({assigned} calls assigned, {parked} parked, \
+         {leases} leases taken, {reclaims} reclaims, a node at its limit of {} after {full} steps)",
+        seeds.len(),
+        leases::LIMIT
+    );
+}
+
+/// The first of 200 schedules whose lease world with `plant` breaks an
+/// invariant whose message contains `what`.
+fn lease_plant_caught(plant: leases::Plant, what: &str) -> Option<u64> {
+    (1..=200u64).find(|i| {
+        let mut world = leases::LeaseWorld::new(i.wrapping_mul(0x9E37_79B9_7F4A_7C15), Some(plant));
+        world.run();
+        world.violations.iter().any(|v| v.contains(what))
+    })
+}
+
+#[test]
+fn capacity_counted_per_shard_is_caught() {
+    let caught = lease_plant_caught(
+        leases::Plant::CapacityPerShard,
+        "open calls over the shards",
+    );
+    assert!(
+        caught.is_some(),
+        "capacity counted per shard went unnoticed"
+    );
+    println!("sim leases: capacity counted per shard caught in schedule {caught:?}");
+}
+
+#[test]
+fn a_drain_acknowledged_at_the_directory_alone_is_caught() {
+    let caught = lease_plant_caught(
+        leases::Plant::AckAtDirectory,
+        "after its drain was acknowledged",
+    );
+    assert!(
+        caught.is_some(),
+        "a drain in force at the directory alone went unnoticed"
+    );
+    println!("sim leases: a drain acknowledged before the shards' leases lapsed caught in schedule {caught:?}");
 }

@@ -1,0 +1,400 @@
+//! The lease world (SPEC §16): `global` (core's `Engine`: the directory and
+//! call shard 0) and two call shards on their own databases that decide
+//! under leases, with two nodes of small capacity.
+//!
+//! Calls arrive at every shard, hang up, and are decided on whatever lease
+//! each shard holds. Lease asks and leases travel between the objects and
+//! are delayed, reordered, repeated or lost; the directory asks shards with
+//! spare room to report; nodes drain and come back; the clock runs; any
+//! object restarts (its memory dropped).
+//!
+//! After every step the world checks: no node has more open calls, summed
+//! over the shards, than its limit; and no call is assigned to a node whose
+//! drain was acknowledged before the decision started (a drain beat is
+//! acknowledged when `Engine::acknowledge_at` says, as the Dispatcher
+//! answers it).
+
+use crate::common::fixtures::{self, BeatSpec};
+use crate::rng::Rng;
+use callfence_core::document::DocKind;
+use callfence_core::engine::{Caller, Engine, EngineConfig, Ingress, Lease, LeaseAsk};
+use callfence_core::heartbeat::Mode;
+use callfence_core::messages::MapNotice;
+use callfence_core::placement::home;
+use callfence_core::shard::{Arrival, CallShard, ShardInput};
+use callfence_core::store::migrate;
+use callfence_core::store::sqlite::SqliteStore;
+use callfence_core::telnyx::parse_envelope;
+use serde_json::json;
+use std::rc::Rc;
+
+const NODES: [&str; 2] = ["M1", "M2"];
+/// Each node's `max_calls` (the registry's; beats say more).
+pub const LIMIT: u32 = 2;
+const SHARDS: u32 = 3;
+const STEPS: u32 = 300;
+const LINE: &str = "+15102160079";
+const T0: i64 = fixtures::T0;
+
+/// A bug the world can be told to have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plant {
+    /// The call shards count only their own open calls against a node's
+    /// capacity (no leases, no caps).
+    CapacityPerShard,
+    /// A drain is acknowledged as soon as the directory has it, while
+    /// shards still decide on leases granted before it.
+    AckAtDirectory,
+}
+
+/// A message between `global` and a call shard, in flight.
+#[derive(Debug, Clone)]
+enum Message {
+    Ask(LeaseAsk),
+    Lease(Lease),
+}
+
+pub struct LeaseWorld {
+    rng: Rng,
+    plant: Option<Plant>,
+    now: i64,
+    global: Option<Engine<SqliteStore>>,
+    shards: Vec<Option<CallShard<Rc<SqliteStore>>>>,
+    stores: Vec<Rc<SqliteStore>>,
+    in_flight: Vec<Message>,
+    /// Per node: mode and beat seq.
+    modes: [(Mode, u64); 2],
+    /// Per node: from when its drain is acknowledged (None: active, or
+    /// the drain not yet acknowledged).
+    drained_since: [Option<i64>; 2],
+    /// Open calls: (shard, session, leg).
+    calls: Vec<(u32, String)>,
+    next_call: u64,
+    /// Per shard: when its outstanding lease ask was sent.
+    asked_at: [Option<i64>; SHARDS as usize],
+    pub violations: Vec<String>,
+    pub steps: u64,
+    pub assigned: u64,
+    pub parked: u64,
+    pub leases: u64,
+    pub reclaims: u64,
+    pub full: u64,
+}
+
+fn signed(node: &str) -> Caller<'_> {
+    Caller { node, kid: "k1" }
+}
+
+impl LeaseWorld {
+    pub fn new(seed: u64, plant: Option<Plant>) -> Self {
+        let store = SqliteStore::in_memory().expect("sqlite");
+        migrate(&store, T0).expect("migrate");
+        let global = Engine::new(store, EngineConfig::default());
+        let map = MapNotice::new(1, SHARDS, 0);
+        let mut shards = vec![None];
+        let mut stores = vec![];
+        for k in 1..SHARDS {
+            let store = SqliteStore::in_memory().expect("sqlite");
+            migrate(&store, T0).expect("migrate");
+            let store = Rc::new(store);
+            let shard = Self::shard(&store, k, plant);
+            shard.handle_map(&map).expect("map");
+            shards.push(Some(shard));
+            stores.push(store);
+        }
+        let mut world = Self {
+            rng: Rng(seed),
+            plant,
+            now: T0,
+            global: Some(global),
+            shards,
+            stores,
+            in_flight: Vec::new(),
+            modes: [(Mode::Active, 0); 2],
+            drained_since: [None; 2],
+            calls: Vec::new(),
+            next_call: 0,
+            asked_at: [None; SHARDS as usize],
+            violations: Vec::new(),
+            steps: 0,
+            assigned: 0,
+            parked: 0,
+            leases: 0,
+            reclaims: 0,
+            full: 0,
+        };
+        world.write_documents();
+        for i in 0..NODES.len() {
+            world.beat(i);
+        }
+        world
+    }
+
+    fn shard(store: &Rc<SqliteStore>, k: u32, plant: Option<Plant>) -> CallShard<Rc<SqliteStore>> {
+        let shard = CallShard::new(store.clone(), EngineConfig::default()).numbered(k);
+        match plant {
+            Some(Plant::CapacityPerShard) => shard,
+            _ => shard.leased(),
+        }
+    }
+
+    fn global(&self) -> &Engine<SqliteStore> {
+        self.global.as_ref().expect("global")
+    }
+
+    fn call_shard(&self, k: u32) -> &CallShard<Rc<SqliteStore>> {
+        self.shards[k as usize].as_ref().expect("shard")
+    }
+
+    fn write_documents(&mut self) {
+        let nodes: serde_json::Map<String, serde_json::Value> = NODES
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let mut entry = fixtures::registry_entry(i, "stable", false);
+                entry["max_calls"] = json!(LIMIT);
+                (id.to_string(), entry)
+            })
+            .collect();
+        let registry = json!({"schema": "callfence_nodes_v1", "nodes": nodes});
+        let policy = json!({
+            "schema": "riff_node_routing_policy_v1", "default_node": "M1",
+            "by_line": {"main": {"called_number": LINE, "preferred_node": "M1", "fallback_node": "M2"}}
+        });
+        let g = self.global();
+        g.put_document(
+            DocKind::Nodes,
+            registry.to_string().as_bytes(),
+            Some("\"0\""),
+            "sim",
+            T0,
+        )
+        .expect("registry");
+        g.put_document(
+            DocKind::Policy,
+            policy.to_string().as_bytes(),
+            Some("\"0\""),
+            "sim",
+            T0,
+        )
+        .expect("policy");
+    }
+
+    fn beat(&mut self, i: usize) {
+        let (mode, seq) = self.modes[i];
+        let seq = (seq + 1).max(self.now as u64);
+        self.modes[i].1 = seq;
+        let spec = BeatSpec {
+            node: NODES[i],
+            seq,
+            mode,
+            sha: "9b4082d1c0ffee00112233445566778899aabbcc".into(),
+            dirty: false,
+            lines: &[("main", LINE)],
+        };
+        let body = fixtures::heartbeat_body(&spec, self.now);
+        let now = self.now;
+        let g = self.global();
+        g.handle_heartbeat(signed(NODES[i]), now / 1000, &body, now)
+            .expect("beat");
+        let acked = if self.plant == Some(Plant::AckAtDirectory) {
+            g.acknowledge_at(now).expect("ack");
+            now
+        } else {
+            g.acknowledge_at(now).expect("ack")
+        };
+        self.drained_since[i] = match mode {
+            Mode::Active => None,
+            _ => Some(self.drained_since[i].map_or(acked, |t| t.min(acked))),
+        };
+    }
+
+    pub fn run(&mut self) {
+        for _ in 0..STEPS {
+            self.step();
+            self.check();
+        }
+    }
+
+    fn step(&mut self) {
+        self.steps += 1;
+        self.now += self.rng.below(400) as i64;
+        let shard = self.rng.below(u64::from(SHARDS)) as u32;
+        match self.rng.below(100) {
+            0..=24 => self.new_call(shard),
+            25..=44 => self.hangup(),
+            45..=49 if shard > 0 => self.ask(shard, false),
+            50..=74 if !self.in_flight.is_empty() => self.deliver(),
+            75..=79 => {
+                if let Some(k) = self.global().poll_reclaim() {
+                    self.reclaims += 1;
+                    self.ask(k, true);
+                }
+            }
+            80..=86 => {
+                let i = self.rng.below(2) as usize;
+                self.modes[i].0 = if self.modes[i].0 == Mode::Active {
+                    Mode::Drained
+                } else {
+                    Mode::Active
+                };
+                self.beat(i);
+            }
+            87..=94 => {
+                // Nodes beat every few seconds; the clock moves on.
+                for i in 0..NODES.len() {
+                    self.beat(i);
+                }
+            }
+            95..=97 if shard > 0 => {
+                self.shards[shard as usize] = None;
+                let store = &self.stores[shard as usize - 1];
+                self.shards[shard as usize] = Some(Self::shard(store, shard, self.plant));
+                self.asked_at[shard as usize] = None;
+            }
+            98..=99 => {
+                let store = self.global.take().expect("global").into_store();
+                self.global = Some(Engine::new(store, EngineConfig::default()));
+            }
+            _ => {}
+        }
+    }
+
+    /// Shard `k` asks for a lease, unless its last ask is under three
+    /// seconds old (as the Dispatcher does: one ask at a time, asked again when
+    /// its answer is late).
+    fn ask(&mut self, k: u32, reclaimed: bool) {
+        let since = &mut self.asked_at[k as usize];
+        if !reclaimed && since.is_some_and(|t| self.now - t < 3_000) {
+            return;
+        }
+        *since = Some(self.now);
+        let ask = self.call_shard(k).lease_ask(reclaimed).expect("ask");
+        self.in_flight.push(Message::Ask(ask));
+    }
+
+    /// Delivers a message in flight, in any order; some are lost, some
+    /// delivered twice.
+    fn deliver(&mut self) {
+        let i = self.rng.below(self.in_flight.len() as u64) as usize;
+        let message = if self.rng.chance(15) {
+            self.in_flight[i].clone()
+        } else {
+            self.in_flight.remove(i)
+        };
+        if self.rng.chance(10) {
+            return;
+        }
+        match message {
+            Message::Ask(ask) => {
+                if let Some(lease) = self
+                    .global()
+                    .handle_lease_ask(&ask, self.now)
+                    .expect("lease")
+                {
+                    self.in_flight.push(Message::Lease(lease));
+                }
+            }
+            Message::Lease(lease) => {
+                let k = lease.shard;
+                let shard = self.call_shard(k);
+                if self.plant == Some(Plant::CapacityPerShard) {
+                    // No leases: the view alone, and no caps.
+                    shard.handle_input(ShardInput::View(lease.view));
+                } else if shard.handle_lease(lease) {
+                    self.leases += 1;
+                    self.asked_at[k as usize] = None;
+                }
+            }
+        }
+    }
+
+    /// A new inbound call at shard `k`, with a session placed there.
+    fn new_call(&mut self, k: u32) {
+        let (n, session) = (self.next_call..)
+            .map(|i| (i, format!("v3:lease-{i}")))
+            .find(|(_, id)| home(id, SHARDS) == k)
+            .expect("a session");
+        self.next_call = n + 1;
+        let body = fixtures::event_body(
+            &format!("{session}/initiated"),
+            "call.initiated",
+            &session,
+            &format!("{session}-leg"),
+            "+12125550199",
+            LINE,
+            "incoming",
+        );
+        match self.webhook(k, &body) {
+            Ingress::Forward(f) => {
+                self.assigned += 1;
+                let i = NODES.iter().position(|n| *n == f.node).expect("node");
+                if self.drained_since[i].is_some_and(|t| t <= self.now) {
+                    self.violations.push(format!(
+                        "step {}: shard {k} assigned {session} to {} after its drain was acknowledged",
+                        self.steps, f.node
+                    ));
+                }
+                self.calls.push((k, session));
+            }
+            _ => self.parked += 1,
+        }
+    }
+
+    /// The webhook `body` at shard `k` (`global`'s through the engine).
+    fn webhook(&mut self, k: u32, body: &str) -> Ingress {
+        let envelope = parse_envelope(body.as_bytes()).expect("envelope");
+        let now = self.now;
+        if k == 0 {
+            return self
+                .global()
+                .handle_webhook(&envelope, body, &[], now)
+                .expect("webhook");
+        }
+        let shard = self.call_shard(k);
+        if shard.lease_due(now) {
+            // The Dispatcher asks before it decides; the answer comes later.
+            self.ask(k, false);
+        }
+        self.call_shard(k)
+            .handle_placed_webhook(&envelope, body, &[], &Arrival::default(), now)
+            .expect("webhook")
+    }
+
+    fn hangup(&mut self) {
+        if self.calls.is_empty() {
+            return;
+        }
+        let (k, session) = self
+            .calls
+            .remove(self.rng.below(self.calls.len() as u64) as usize);
+        let body = fixtures::event_body(
+            &format!("{session}/hangup"),
+            "call.hangup",
+            &session,
+            &format!("{session}-leg"),
+            "+12125550199",
+            LINE,
+            "incoming",
+        );
+        self.webhook(k, &body);
+    }
+
+    fn check(&mut self) {
+        for node in NODES {
+            let mut open = self.global().shard().node_open_calls(node).expect("open");
+            for k in 1..SHARDS {
+                open += self.call_shard(k).node_open_calls(node).expect("open");
+            }
+            self.full += u64::from(open == LIMIT);
+            if open > LIMIT {
+                self.violations.push(format!(
+                    "step {}: {node} has {open} open calls over the shards, its limit is {LIMIT}",
+                    self.steps
+                ));
+            }
+        }
+        self.violations.dedup();
+        self.violations.truncate(5);
+    }
+}
