@@ -45,6 +45,8 @@
 //! - [`rate`]: token buckets as one stored number (a node's claims).
 //! - [`metrics`]: the edge's metric families, counters, gauges and their
 //!   Prometheus text exposition (SPEC §17).
+//! - [`spanning`]: reads that span call shards (SPEC §16): decisions
+//!   merged newest first, status counts summed, unreachable shards named.
 //!
 //! State (SQL through [`store::Store`], schema in `migrations/`):
 //! - [`store`]: the storage trait, values, migrations runner, rusqlite backend;
@@ -138,6 +140,7 @@ pub mod registry;
 pub mod selection;
 pub mod shard;
 pub mod shard_map;
+pub mod spanning;
 pub(crate) mod sql;
 pub mod store;
 pub mod telnyx;
