@@ -141,7 +141,8 @@ impl<S: Store> Engine<S> {
     }
 
     /// Runs one request of the shard between two settles, counting against
-    /// each node's capacity what the other shards may hold.
+    /// each node's capacity what the other shards may hold, and asking
+    /// back the spare room of nodes it found full for want of it.
     fn on_shard<T, E: From<EngineError>>(
         &self,
         now_ms: i64,
@@ -151,6 +152,10 @@ impl<S: Store> Engine<S> {
         self.shard
             .set_held_elsewhere(self.directory.held_by_shards()?);
         let out = request(&self.shard);
+        let wants = self.shard.take_wants();
+        if !wants.is_empty() {
+            self.directory.reclaim_spare(&wants, None)?;
+        }
         self.settle(now_ms)?;
         out
     }

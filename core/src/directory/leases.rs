@@ -141,14 +141,7 @@ impl<S: Store> Directory<S> {
                 };
                 let cap = free.min(open + spare);
                 if cap <= open && ask.want.iter().any(|w| w == node) {
-                    reclaim.extend(
-                        rows.iter()
-                            .filter(|r| {
-                                r.shard != ask.shard
-                                    && r.caps.get(node).unwrap_or(0) > r.open.get(node).unwrap_or(0)
-                            })
-                            .map(|r| r.shard),
-                    );
+                    reclaim.push(node.clone());
                 }
                 caps.set(node, cap);
             }
@@ -167,12 +160,8 @@ impl<S: Store> Directory<S> {
                 rows.retain(|r| r.shard != row.shard);
                 rows.push(row.clone());
             }
-            for shard in reclaim {
-                if !cache.reclaim.contains(&shard) {
-                    cache.reclaim.push(shard);
-                }
-            }
         }
+        self.reclaim_spare(&reclaim, Some(ask.shard))?;
         Ok(Some(Lease {
             v: LEASE_VERSION,
             shard: ask.shard,
@@ -181,6 +170,26 @@ impl<S: Store> Directory<S> {
             until_ms: row.until_ms,
             caps,
         }))
+    }
+
+    /// Queues, for [`Directory::poll_reclaim`], every shard but `except`
+    /// holding spare room (a cap above its open calls) on one of `nodes`.
+    pub fn reclaim_spare(&self, nodes: &[String], except: Option<u32>) -> Result<(), EngineError> {
+        let rows = self.lease_rows()?;
+        let spare = rows.iter().filter(|r| {
+            Some(r.shard) != except
+                && nodes
+                    .iter()
+                    .any(|n| r.caps.get(n).unwrap_or(0) > r.open.get(n).unwrap_or(0))
+        });
+        let shards: Vec<u32> = spare.map(|r| r.shard).collect();
+        let queue = &mut self.cache.borrow_mut().reclaim;
+        for shard in shards {
+            if !queue.contains(&shard) {
+                queue.push(shard);
+            }
+        }
+        Ok(())
     }
 
     /// The next shard to ask to report (it holds spare room on a node

@@ -125,6 +125,12 @@ impl<S: Store> CallShard<S> {
         }
     }
 
+    /// The nodes decisions found full for want of room held by other
+    /// shards (in `global`: the directory asks those shards to report).
+    pub fn take_wants(&self) -> Vec<String> {
+        std::mem::take(&mut *self.wants.borrow_mut())
+    }
+
     /// A decision found `node`'s cap reached: the next ask asks for room.
     pub(crate) fn want(&self, node: &str) {
         let mut wants = self.wants.borrow_mut();

@@ -124,7 +124,16 @@ impl ShardView<'_> {
     /// refuses the node exactly when the cap is reached).
     fn counted(&self, node: &str, here: u32, beat: Option<&Beat>) -> u32 {
         match &self.room {
-            Room::Unleased => here + self.elsewhere.get(node).unwrap_or(0),
+            Room::Unleased => {
+                let elsewhere = self.elsewhere.get(node).unwrap_or(0);
+                let entry = self.registry.as_ref().and_then(|(_, r)| r.nodes.get(node));
+                let limit = eligibility::effective_max_calls(entry, beat);
+                if elsewhere > 0 && limit.is_some_and(|l| here + elsewhere >= l) {
+                    // Full only for what other shards may hold: ask for it back.
+                    (self.want)(node);
+                }
+                here + elsewhere
+            }
             Room::Leased(caps) => {
                 let cap = caps.as_ref().and_then(|c| c.get(node)).unwrap_or(0);
                 let entry = self.registry.as_ref().and_then(|(_, r)| r.nodes.get(node));

@@ -145,35 +145,51 @@ fn schedules() -> Vec<u64> {
     }
 }
 
+/// Runs `world` for every schedule: it returns a world's violations and
+/// its counts, which are summed. A violation fails the test with its seed.
+fn every_schedule<const N: usize>(
+    name: &str,
+    world: impl Fn(u64) -> (Vec<String>, [u64; N]),
+) -> (usize, [u64; N]) {
+    let seeds = schedules();
+    let mut sums = [0; N];
+    for seed in &seeds {
+        let (violations, counts) = world(*seed);
+        assert!(
+            violations.is_empty(),
+            "{name}: seed {seed}: {violations:?}\nreplay: CALLFENCE_SIM_SEED={seed} cargo test -p callfence-core --test sim {name}"
+        );
+        for (sum, count) in sums.iter_mut().zip(counts) {
+            *sum += count;
+        }
+    }
+    (seeds.len(), sums)
+}
+
 #[test]
 fn every_session_has_one_holder_across_map_changes() {
-    let seeds = schedules();
-    let (mut steps, mut created, mut lookups, mut redirects, mut changes, mut gave_up) =
-        (0, 0, 0, 0, 0, 0);
-    for seed in &seeds {
-        let mut world = HolderWorld::new(*seed, None);
-        world.run();
-        assert!(
-            world.violations.is_empty(),
-            "holders: seed {seed}: {:?}\nreplay: CALLFENCE_SIM_SEED={seed} cargo test -p callfence-core --test sim holder",
-            world.violations
-        );
-        steps += world.steps;
-        created += world.created;
-        lookups += world.lookups;
-        redirects += world.redirects;
-        changes += world.map_changes;
-        gave_up += world.gave_up;
-    }
+    let (n, [steps, created, lookups, redirects, changes, gave_up]) =
+        every_schedule("holders", |seed| {
+            let mut w = HolderWorld::new(seed, None);
+            w.run();
+            let counts = [
+                w.steps,
+                w.created,
+                w.lookups,
+                w.redirects,
+                w.map_changes,
+                w.gave_up,
+            ];
+            (w.violations, counts)
+        });
     assert!(
-        seeds.len() == 1 || (created > 0 && lookups > 0 && redirects > 0 && changes > 0),
+        n == 1 || (created > 0 && lookups > 0 && redirects > 0 && changes > 0),
         "the holder world never raced a map change"
     );
     println!(
-        "sim holders: {} schedules, {steps} steps, 0 violations ({created} sessions created, \
+        "sim holders: {n} schedules, {steps} steps, 0 violations ({created} sessions created, \
          {changes} map changes, {redirects} redirects, {lookups} holder lookups, \
          {gave_up} placements given up after {} requests and retried by the carrier)",
-        seeds.len(),
         holders::ROUNDS
     );
 }
@@ -209,32 +225,19 @@ fn an_absence_proof_not_bound_to_its_map_revision_is_caught() {
 
 #[test]
 fn leases_keep_capacity_and_acknowledged_drains_across_shards() {
-    let seeds = schedules();
-    let (mut steps, mut assigned, mut parked, mut leases, mut reclaims, mut full) =
-        (0, 0, 0, 0, 0, 0);
-    for seed in &seeds {
-        let mut world = leases::LeaseWorld::new(*seed, None);
-        world.run();
-        assert!(
-            world.violations.is_empty(),
-            "leases: seed {seed}: {:?}\nreplay: CALLFENCE_SIM_SEED={seed} cargo test -p callfence-core --test sim leases",
-            world.violations
-        );
-        steps += world.steps;
-        assigned += world.assigned;
-        parked += world.parked;
-        leases += world.leases;
-        reclaims += world.reclaims;
-        full += world.full;
-    }
+    let (n, [steps, assigned, parked, leases, reclaims, full]) = every_schedule("leases", |seed| {
+        let mut w = leases::LeaseWorld::new(seed, None);
+        w.run();
+        let counts = [w.steps, w.assigned, w.parked, w.leases, w.reclaims, w.full];
+        (w.violations, counts)
+    });
     assert!(
-        seeds.len() == 1 || (assigned > 0 && leases > 0 && full > 0),
-        "the lease world never filled a node or reclaimed room"
+        n == 1 || (assigned > 0 && leases > 0 && reclaims > 0 && full > 0),
+        "the lease world never assigned under a lease, reclaimed room or filled a node"
     );
     println!(
-        "sim leases: {} schedules, {steps} steps, 0 violations ({assigned} calls assigned, {parked} parked, \
+        "sim leases: {n} schedules, {steps} steps, 0 violations ({assigned} calls assigned, {parked} parked, \
          {leases} leases taken, {reclaims} reclaims, a node at its limit of {} after {full} steps)",
-        seeds.len(),
         leases::LIMIT
     );
 }
