@@ -66,6 +66,8 @@
 //!   versioned, and safe to deliver late, twice or out of order.
 //! - [`engine`]: the two machines composed in one object, their messages
 //!   passed synchronously; what the Durable Object runs.
+//! - [`locate`]: the Worker's side of the holder handshake: which shard to
+//!   send a webhook to, and whom to ask first, within 16 requests.
 //! - [`delivery`]: the one delivery driver: what to send where with which
 //!   budget, the report of its answer, and what comes next (the new owner,
 //!   or the carrier's answer), polled by every shell that delivers.
@@ -123,6 +125,7 @@ pub mod engine;
 pub mod error;
 pub mod fence;
 pub mod heartbeat;
+pub mod locate;
 pub mod media;
 pub mod messages;
 pub mod metrics;

@@ -23,7 +23,7 @@ pub const SHARD: u32 = 0;
 pub fn ingress_outcome(ingress: &Ingress) -> Option<WebhookOutcome> {
     Some(match ingress {
         // Sent on to the shard that decides it, which counts it.
-        Ingress::Forward(_) | Ingress::Elsewhere { .. } | Ingress::Lookup { .. } => return None,
+        Ingress::Forward(_) | Ingress::Redirect(_) => return None,
         Ingress::Delivered(_) => WebhookOutcome::Duplicate,
         Ingress::InProgress => WebhookOutcome::InProgress,
         Ingress::Pending(PendingReason::NoPolicy | PendingReason::NoEligibleNode) => {

@@ -322,7 +322,7 @@ fn webhook<S: Store>(
         // A webhook with no map places itself on the map this object holds,
         // whose home is `global` until the Worker sends maps (SPEC §16); a
         // held map that says otherwise cannot be acted on here: fail closed.
-        Ingress::Elsewhere { .. } | Ingress::Lookup { .. } => Err(Refusal::DispatcherUnavailable),
+        Ingress::Redirect(_) => Err(Refusal::DispatcherUnavailable),
     })
 }
 

@@ -84,6 +84,28 @@ impl MapNotice {
     }
 }
 
+/// A call shard's answer to a webhook of a session it may not create
+/// (`shard::holder`): nothing was stored, and the Worker sends the webhook
+/// on. Its reader is the Worker's driver, `locate::Locate`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "redirect", rename_all = "snake_case")]
+pub enum Redirect {
+    /// The map the shard holds places the session on `shard`.
+    Elsewhere {
+        /// The session's home under `map`.
+        shard: u32,
+        /// The map the shard holds.
+        map: MapNotice,
+    },
+    /// Another shard may already hold the session: ask each of `shards`.
+    Lookup {
+        /// The shards to ask.
+        shards: Vec<u32>,
+        /// The map the shard holds, carried in each question.
+        map: MapNotice,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,6 @@ pub mod mark;
 pub mod view;
 
 pub use lease::{Lease, LeaseAsk, CLOCK_MARGIN_MS, LEASE_MS, LEASE_VERSION};
-pub use map::{MapNotice, MAP_VERSION};
+pub use map::{MapNotice, Redirect, MAP_VERSION};
 pub use mark::{ForwardMark, ForwardResult, MARK_VERSION};
 pub use view::{lists_key, DirectoryView, Health, NodeState, PerNode, VIEW_VERSION};

@@ -5,11 +5,11 @@
 //! that creates it:
 //! 1. the map it holds places the session on it (after adopting the
 //!    request's map when newer); otherwise it answers
-//!    [`Ingress::Elsewhere`] with that map, and stores nothing;
+//!    [`Redirect::Elsewhere`] with that map, and stores nothing;
 //! 2. every other shard that a map of the history placed the session on
 //!    (where it may already be held) has answered "absent" to a
 //!    [`CallShard::handle_holds`] that carried this same map revision;
-//!    otherwise it answers [`Ingress::Lookup`] with the shards to ask.
+//!    otherwise it answers [`Redirect::Lookup`] with the shards to ask.
 //!
 //! Answering "absent" adopts the asker's map, under which the asked shard
 //! is not the session's home, so it will not create the session either
@@ -20,7 +20,7 @@
 
 use super::{CallShard, Ingress};
 use crate::error::EngineError;
-use crate::messages::{MapNotice, MAP_VERSION};
+use crate::messages::{MapNotice, Redirect, MAP_VERSION};
 use crate::store::Store;
 
 /// What the Worker knows when it places a webhook: its newest map, and the
@@ -118,7 +118,10 @@ impl<S: Store> CallShard<S> {
         let map = self.adopt(arrival.map.as_ref())?;
         let home = map.home(id);
         if home != self.index {
-            return Ok(Some(Ingress::Elsewhere { shard: home, map }));
+            return Ok(Some(Ingress::Redirect(Redirect::Elsewhere {
+                shard: home,
+                map,
+            })));
         }
         let proven: &[u32] = match &arrival.absent {
             Some((revision, shards)) if *revision == map.revision => shards,
@@ -129,9 +132,11 @@ impl<S: Store> CallShard<S> {
             .into_iter()
             .filter(|k| !proven.contains(k))
             .collect();
-        Ok((!unasked.is_empty()).then_some(Ingress::Lookup {
-            shards: unasked,
-            map,
-        }))
+        Ok(
+            (!unasked.is_empty()).then_some(Ingress::Redirect(Redirect::Lookup {
+                shards: unasked,
+                map,
+            })),
+        )
     }
 }

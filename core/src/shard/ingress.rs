@@ -47,25 +47,10 @@ pub enum Ingress {
     Ignored,
     /// No session could be found: recorded, 200.
     Unroutable,
-    /// A new session this shard may not create (SPEC §16): the map it holds
-    /// places it on `shard`. Nothing is stored; the Worker sends the webhook
-    /// there, with `map`.
-    Elsewhere {
-        /// The session's home under `map`.
-        shard: u32,
-        /// The map this shard holds.
-        map: crate::messages::MapNotice,
-    },
-    /// A new session that another shard may already hold: the Worker asks
-    /// each of `shards` ([`CallShard::handle_holds`] with `map`), then sends
-    /// the webhook to the holder, or back here with the shards that
-    /// answered absent. Nothing is stored.
-    Lookup {
-        /// The shards to ask.
-        shards: Vec<u32>,
-        /// The map this shard holds, to carry in each question.
-        map: crate::messages::MapNotice,
-    },
+    /// A new session this shard may not create yet (SPEC §16): the
+    /// Worker sends the webhook to the shard named, or asks around first.
+    /// Nothing is stored.
+    Redirect(crate::messages::Redirect),
 }
 
 impl<S: Store> CallShard<S> {

@@ -20,8 +20,9 @@
 
 use crate::rng::Rng;
 use callfence_core::engine::{EngineConfig, Ingress};
-use callfence_core::messages::MapNotice;
-use callfence_core::shard::{Arrival, CallShard, Holds};
+use callfence_core::locate::{Locate, Transmit};
+use callfence_core::messages::{MapNotice, Redirect};
+use callfence_core::shard::CallShard;
 use callfence_core::store::sqlite::SqliteStore;
 use callfence_core::store::{migrate, Store, Value};
 use callfence_core::telnyx::parse_envelope;
@@ -35,9 +36,6 @@ const SESSIONS: u64 = 3;
 const STEPS_PER_SESSION: u64 = 20;
 const WORKERS: usize = 3;
 const STEPS: u32 = 260;
-/// Requests one placement may take before the Worker gives up (503; the
-/// carrier retries later with a new task).
-pub const ROUNDS: u32 = 16;
 const T0: i64 = 1_796_000_000_000;
 
 /// A bug the world can be told to have, to show the checks catch it.
@@ -51,29 +49,13 @@ pub enum Plant {
     StaleProof,
 }
 
-/// What a placement is waiting to send next.
-#[derive(Debug, Clone)]
-enum Next {
-    /// The webhook, to `shard`.
-    Webhook { shard: u32 },
-    /// `handle_holds` to the first of `ask`, for the webhook's shard `back`.
-    Ask {
-        ask: Vec<u32>,
-        map: MapNotice,
-        absent: Vec<u32>,
-        back: u32,
-    },
-}
-
-/// One webhook being placed by a Worker.
+/// One webhook being placed by a Worker: core's driver, as the Worker
+/// runs it.
 #[derive(Debug, Clone)]
 struct Task {
     worker: usize,
-    session: String,
     event: String,
-    arrival: Arrival,
-    next: Next,
-    rounds: u32,
+    locate: Locate,
 }
 
 /// One shard's sessions, and its events as (session, event id).
@@ -228,10 +210,13 @@ impl HolderWorld {
     }
 
     /// Counts the placements that gave up from now on as violations: under
-    /// a still map, every placement must end within [`ROUNDS`] requests.
+    /// a still map, every placement must end within
+    /// [`MAX_REQUESTS`](callfence_core::locate::MAX_REQUESTS) requests.
     pub fn hold_still(&mut self) {
+        // The carrier retries each placement in flight afresh.
         for task in &mut self.tasks {
-            task.rounds = 0;
+            let map = self.workers[task.worker];
+            task.locate = Locate::new(task.locate.session(), map);
         }
         self.still_from = Some(self.gave_up);
     }
@@ -310,123 +295,76 @@ impl HolderWorld {
         let map = self.workers[worker];
         self.tasks.push(Task {
             worker,
-            next: Next::Webhook {
-                shard: map.home(session),
-            },
-            session: session.to_owned(),
             event: event.to_owned(),
-            arrival: Arrival {
-                map: Some(map),
-                absent: None,
-            },
-            rounds: 0,
+            locate: Locate::new(session, map),
         });
     }
 
     /// Sends task `i`'s next request and takes its answer.
     fn advance(&mut self, i: usize) {
         let mut task = self.tasks.remove(i);
-        task.rounds += 1;
-        if task.rounds > ROUNDS {
-            self.gave_up += 1;
-            return;
-        }
-        match task.next.clone() {
-            Next::Webhook { shard } => self.send_webhook(task, shard),
-            Next::Ask {
-                mut ask,
-                map,
-                mut absent,
-                back,
-            } => {
-                let k = ask.remove(0);
-                self.lookups += 1;
-                match self
-                    .shard(k)
-                    .handle_holds(&task.session, &map)
-                    .expect("holds")
-                {
-                    Holds::Held if self.plant == Some(Plant::StaleProof) => {
-                        task.next = Next::Webhook { shard: k };
+        match task.locate.poll_transmit() {
+            None => self.gave_up += 1,
+            Some(Transmit::Webhook { shard, arrival }) => {
+                let session = task.locate.session().to_owned();
+                let body = format!(
+                    r#"{{"data":{{"id":"{}","event_type":"call.initiated","record_type":"event","payload":{{"call_session_id":"{session}","call_control_id":"{session}-leg","from":"+15105550100","to":"+15102160079","direction":"incoming"}}}}}}"#,
+                    task.event
+                );
+                let envelope = parse_envelope(body.as_bytes()).expect("envelope");
+                let held_before = self.holders(&session).len();
+                let proof = task.locate.absent().cloned();
+                let ingress = self
+                    .shard(shard)
+                    .handle_placed_webhook(&envelope, &body, &[], &arrival, self.now)
+                    .expect("webhook");
+                let Ingress::Redirect(redirect) = ingress else {
+                    if held_before == 0 {
+                        self.created += 1;
                     }
-                    Holds::Held => {
-                        task.arrival.absent = None;
-                        task.next = Next::Webhook { shard: k };
-                    }
-                    Holds::Absent if ask.is_empty() => {
-                        absent.push(k);
-                        task.arrival.absent = Some((map.revision, absent));
-                        task.next = Next::Webhook { shard: back };
-                    }
-                    Holds::Absent => {
-                        absent.push(k);
-                        task.next = Next::Ask {
-                            ask,
-                            map,
-                            absent,
-                            back,
-                        };
-                    }
+                    self.stored.push((session, task.event));
+                    return;
+                };
+                if let Redirect::Elsewhere { .. } = redirect {
+                    self.redirects += 1;
                 }
+                let forged = match (&redirect, self.plant, proof) {
+                    (Redirect::Lookup { shards, map }, Some(Plant::SkipLookup), _) => {
+                        Some((map.revision, shards.clone()))
+                    }
+                    (
+                        Redirect::Lookup { shards, map },
+                        Some(Plant::StaleProof),
+                        Some((_, proven)),
+                    ) if shards.iter().all(|k| proven.contains(k)) => Some((map.revision, proven)),
+                    _ => None,
+                };
+                task.locate.handle_redirect(redirect);
+                if let Some((revision, shards)) = forged {
+                    task.locate.forge_absent(revision, shards);
+                }
+                self.adopt(&mut task);
+                self.tasks.push(task);
+            }
+            Some(Transmit::Holds { shard, map }) => {
+                self.lookups += 1;
+                let holds = self
+                    .shard(shard)
+                    .handle_holds(task.locate.session(), &map)
+                    .expect("holds");
+                task.locate.handle_holds(holds);
                 self.tasks.push(task);
             }
         }
     }
 
-    fn send_webhook(&mut self, mut task: Task, shard: u32) {
-        let body = format!(
-            r#"{{"data":{{"id":"{}","event_type":"call.initiated","record_type":"event","payload":{{"call_session_id":"{}","call_control_id":"{}-leg","from":"+15105550100","to":"+15102160079","direction":"incoming"}}}}}}"#,
-            task.event, task.session, task.session
-        );
-        let envelope = parse_envelope(body.as_bytes()).expect("envelope");
-        let held_before = self.holders(&task.session).len();
-        let ingress = self
-            .shard(shard)
-            .handle_placed_webhook(&envelope, &body, &[], &task.arrival, self.now)
-            .expect("webhook");
-        let adopt = |task: &mut Task, workers: &mut [MapNotice], map: MapNotice| {
-            if map.supersedes(&workers[task.worker]) {
-                workers[task.worker] = map;
-            }
-            task.arrival.map = Some(workers[task.worker]);
-        };
-        match ingress {
-            Ingress::Elsewhere { shard: to, map } => {
-                self.redirects += 1;
-                adopt(&mut task, &mut self.workers, map);
-                task.arrival.absent = None;
-                task.next = Next::Webhook { shard: to };
-                self.tasks.push(task);
-            }
-            Ingress::Lookup { shards, map } => {
-                adopt(&mut task, &mut self.workers, map);
-                let proven = match (&task.arrival.absent, self.plant) {
-                    (Some((_, absent)), Some(Plant::StaleProof)) => absent.clone(),
-                    _ => Vec::new(),
-                };
-                if self.plant == Some(Plant::SkipLookup) {
-                    task.arrival.absent = Some((map.revision, shards));
-                    task.next = Next::Webhook { shard };
-                } else if shards.iter().all(|k| proven.contains(k)) {
-                    task.arrival.absent = Some((map.revision, proven));
-                    task.next = Next::Webhook { shard };
-                } else {
-                    task.next = Next::Ask {
-                        ask: shards,
-                        map,
-                        absent: Vec::new(),
-                        back: shard,
-                    };
-                }
-                self.tasks.push(task);
-            }
-            _ => {
-                if held_before == 0 {
-                    self.created += 1;
-                }
-                self.stored.push((task.session, task.event));
-            }
+    /// The task's Worker keeps the newer of its map and the task's.
+    fn adopt(&mut self, task: &mut Task) {
+        let cached = &mut self.workers[task.worker];
+        if task.locate.map().supersedes(cached) {
+            *cached = task.locate.map();
         }
+        task.locate.learn(*cached);
     }
 
     /// The shards whose tables hold session `id`.

@@ -190,7 +190,7 @@ fn every_session_has_one_holder_across_map_changes() {
         "sim holders: {n} schedules, {steps} steps, 0 violations ({created} sessions created, \
          {changes} map changes, {redirects} redirects, {lookups} holder lookups, \
          {gave_up} placements given up after {} requests and retried by the carrier)",
-        holders::ROUNDS
+        callfence_core::locate::MAX_REQUESTS
     );
 }
 

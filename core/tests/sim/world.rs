@@ -460,7 +460,7 @@ impl World {
             | Ingress::Rejected
             | Ingress::StorageFull => false,
             // One shard that holds no map: every session's home is here.
-            Ingress::Elsewhere { .. } | Ingress::Lookup { .. } => {
+            Ingress::Redirect(_) => {
                 unreachable!("a one-shard world placed a session elsewhere")
             }
         }
