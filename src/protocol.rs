@@ -3,7 +3,9 @@
 //!
 //! # Wire format (version 2)
 //!
-//! The Worker sends `POST https://dispatcher/<op>` whose body is one line of
+//! The Worker sends `POST https://<instance>/<op>` to the object named
+//! `<instance>` ([`instance`]: `global`, or `calls-k` for call shard `k`;
+//! the host tells the object which shard it is), whose body is one line of
 //! JSON, the [`Request`] tagged by `op` plus `"v":2`, then `\n`, then the
 //! request's payload as raw bytes (the webhook body, a node request's body,
 //! a document): the payload travels once, never as a JSON string inside
@@ -50,7 +52,8 @@
 //! |---|---|---|
 //! | `Ping` | none | [`Documents`] |
 //! | `NodeKeys` | none | [`NodeKeys`] |
-//! | `Webhook` (`envelope`, `headers`) | the raw webhook body | [`Next`] |
+//! | `Webhook` (`envelope`, `headers`, `received_at_ms`, `map`?, `absent`?) | the raw webhook body | [`Next`]: a forward made and its answer, the carrier's answer, or a [`Redirect`] (SPEC §16) |
+//! | `Holds` (`call_session_id`, `map`) | none | [`Held`] |
 //! | `Report` (`report`) | none | [`Next`] (a reassigned call's next forward) |
 //! | `Heartbeat` (`node`, `kid`, `signed_at_s`) | the beat | the heartbeat answer (§6), relayed |
 //! | `Fence`, `Claim`, `MediaVerify` (`node`, `kid`) | the request body | the §8 / §13 answers, relayed |
@@ -74,6 +77,7 @@
 
 use callfence_core::document::DocKind;
 use callfence_core::engine::{Forward, NodeKey, Report};
+use callfence_core::messages::{MapNotice, Redirect};
 use callfence_core::refusal::Refusal;
 use callfence_core::telnyx::Envelope;
 use futures_util::future::{select, Either};
@@ -84,8 +88,32 @@ use serde_json::{Map, Value};
 /// The protocol version this build speaks.
 pub const VERSION: u64 = 2;
 
-/// The Durable Object instance every Worker talks to.
+/// The Durable Object instance of the directory and call shard 0, which
+/// every request but a placed one goes to.
 pub const INSTANCE: &str = "global";
+
+/// The instance name of call shard `shard` (SPEC §16): `global` for 0,
+/// `calls-k` for the others. It is also the host of the request's URL,
+/// which tells the object which shard it is.
+pub fn instance(shard: u32) -> String {
+    match shard {
+        0 => INSTANCE.to_owned(),
+        k => format!("calls-{k}"),
+    }
+}
+
+/// The shard an object is, from the host of a request's URL (`None`: not a
+/// shard's name). A Worker before v1.4 sent `dispatcher`, which is
+/// `global`.
+pub fn shard_of(host: &str) -> Option<u32> {
+    match host {
+        INSTANCE | "dispatcher" => Some(0),
+        _ => host
+            .strip_prefix("calls-")
+            .and_then(|k| k.parse::<u32>().ok())
+            .filter(|k| (1..32).contains(k) && instance(*k) == host),
+    }
+}
 
 /// The `DISPATCHER` binding.
 pub const BINDING: &str = "DISPATCHER";
@@ -102,6 +130,9 @@ pub fn accepts(version: u64) -> bool {
 /// it, see the module doc).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
+// One request is built per message and never kept in bulk: the webhook's
+// inline envelope and map cost nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Request {
     /// Liveness and protocol check; reports which documents exist.
     Ping,
@@ -122,6 +153,22 @@ pub enum Request {
         /// with the outcome.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         received_at_ms: Option<i64>,
+        /// The newest shard map the Worker knows (SPEC §16); absent: the
+        /// map the shard holds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        map: Option<MapNotice>,
+        /// The shards that answered [`Request::Holds`] absent for this
+        /// session, and the map revision they answered under.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        absent: Option<(u64, Vec<u32>)>,
+    },
+    /// Whether this shard holds a session, asked for the shard that may
+    /// create it under `map` (which the asked shard adopts first).
+    Holds {
+        /// The session.
+        call_session_id: String,
+        /// The asking shard's map.
+        map: MapNotice,
     },
     /// The outcome of a forward.
     Report {
@@ -265,6 +312,7 @@ impl Request {
             Request::Ping => "ping",
             Request::NodeKeys => "node_keys",
             Request::Webhook { .. } => "webhook",
+            Request::Holds { .. } => "holds",
             Request::Report { .. } => "report",
             Request::Heartbeat { .. } => "heartbeat",
             Request::Fence { .. } => "fence",
@@ -299,6 +347,7 @@ impl Request {
             Request::Ping
             | Request::NodeKeys
             | Request::Webhook { .. }
+            | Request::Holds { .. }
             | Request::Report { .. }
             | Request::GetDocument { .. }
             | Request::PutDocument { .. }
@@ -330,6 +379,7 @@ impl Request {
             | Request::PutDocument { .. } => true,
             Request::Ping
             | Request::NodeKeys
+            | Request::Holds { .. }
             | Request::MediaVerify { .. }
             | Request::GetDocument { .. }
             | Request::Preview
@@ -415,7 +465,9 @@ pub fn encode_request_v1(request: &Request, payload: &[u8]) -> Option<Vec<u8>> {
     let Ok(Value::Object(mut message)) = serde_json::to_value(request) else {
         return None;
     };
-    message.remove("envelope");
+    for newer in ["envelope", "map", "absent"] {
+        message.remove(newer);
+    }
     message.insert("v".into(), Value::from(1u64));
     if !payload.is_empty() {
         let text = std::str::from_utf8(payload).ok()?;
@@ -538,15 +590,20 @@ pub enum Next {
     Forward(Box<Forward>),
     /// Answer the carrier 200 with this body.
     Answer(Value),
+    /// Not this shard's session to create yet (SPEC §16): send the webhook
+    /// on, as [`callfence_core::locate::Locate`] says.
+    Redirect(Redirect),
 }
 
-/// [`Next`] on the wire: exactly one of the two fields.
-#[derive(Serialize, Deserialize)]
+/// [`Next`] on the wire: exactly one of the three fields.
+#[derive(Default, Serialize, Deserialize)]
 struct NextWire {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     forward: Option<Box<Forward>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     answer: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    redirect: Option<Redirect>,
 }
 
 impl Serialize for Next {
@@ -554,11 +611,15 @@ impl Serialize for Next {
         match self {
             Next::Forward(f) => NextWire {
                 forward: Some(f.clone()),
-                answer: None,
+                ..NextWire::default()
             },
             Next::Answer(a) => NextWire {
-                forward: None,
                 answer: Some(a.clone()),
+                ..NextWire::default()
+            },
+            Next::Redirect(r) => NextWire {
+                redirect: Some(r.clone()),
+                ..NextWire::default()
             },
         }
         .serialize(s)
@@ -571,16 +632,30 @@ impl<'de> Deserialize<'de> for Next {
             NextWire {
                 forward: Some(f),
                 answer: None,
+                redirect: None,
             } => Ok(Next::Forward(f)),
             NextWire {
                 forward: None,
                 answer: Some(a),
+                redirect: None,
             } => Ok(Next::Answer(a)),
+            NextWire {
+                forward: None,
+                answer: None,
+                redirect: Some(r),
+            } => Ok(Next::Redirect(r)),
             _ => Err(serde::de::Error::custom(
-                "exactly one of forward and answer",
+                "exactly one of forward, answer and redirect",
             )),
         }
     }
+}
+
+/// [`Request::Holds`]'s result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    /// True when the asked shard holds the session.
+    pub held: bool,
 }
 
 /// A view relayed to the caller as the Dispatcher wrote it.
@@ -755,12 +830,24 @@ pub async fn call_within<T: DeserializeOwned>(
     payload: &[u8],
     deadline_ms: i64,
 ) -> Result<Reply<T>, Unavailable> {
+    call_shard_within(env, 0, request, payload, deadline_ms).await
+}
+
+/// [`call_within`] to call shard `shard`'s object.
+pub async fn call_shard_within<T: DeserializeOwned>(
+    env: &worker::Env,
+    shard: u32,
+    request: &Request,
+    payload: &[u8],
+    deadline_ms: i64,
+) -> Result<Reply<T>, Unavailable> {
     let failed = |e: worker::Error| Unavailable(e.to_string());
+    let name = instance(shard);
     let stub = env
         .durable_object(BINDING)
-        .and_then(|namespace| namespace.get_by_name(INSTANCE))
+        .and_then(|namespace| namespace.get_by_name(&name))
         .map_err(failed)?;
-    let url = format!("https://dispatcher/{}", request.op());
+    let url = format!("https://{name}/{}", request.op());
     let send = |body: Vec<u8>| {
         let body = worker::js_sys::Uint8Array::from(body.as_slice());
         crate::subrequest::post(
@@ -823,6 +910,54 @@ mod tests {
             node: "M1".into(),
             kid: "k1".into(),
         }
+    }
+
+    #[test]
+    fn shards_are_named_global_and_calls_k_and_nothing_else_is_a_shard() {
+        assert_eq!(
+            (instance(0), instance(7)),
+            ("global".into(), "calls-7".into())
+        );
+        for k in [0, 1, 31] {
+            assert_eq!(shard_of(&instance(k)), Some(k));
+        }
+        assert_eq!(shard_of("dispatcher"), Some(0));
+        for not in ["calls-0", "calls-32", "calls-07", "calls-+1", "calls-", "x"] {
+            assert_eq!(shard_of(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn a_redirect_and_a_placed_webhook_round_trip() {
+        let map = MapNotice::new(3, 4, 0b1);
+        let next = Next::Redirect(Redirect::Lookup {
+            shards: vec![0, 2],
+            map,
+        });
+        let wire = encode_done(&next);
+        assert_eq!(
+            decode_reply::<Next>(200, wire.as_bytes()),
+            Ok(Reply::Done(next))
+        );
+        // Two ways forward at once are refused.
+        let webhook = Request::Webhook {
+            envelope: None,
+            headers: Vec::new(),
+            received_at_ms: Some(5),
+            map: Some(map),
+            absent: Some((3, vec![0, 2])),
+        };
+        let message = decode_request("webhook", &encode_request(&webhook, b"{}")).unwrap();
+        assert_eq!(message.request, webhook);
+        // A version 1 Dispatcher is sent neither.
+        let v1 = String::from_utf8(encode_request_v1(&webhook, b"{}").unwrap()).unwrap();
+        assert!(
+            !v1.contains("\"map\"") && !v1.contains("\"absent\""),
+            "{v1}"
+        );
+        let one = wire.replace("\"v\":2,\"ok\":true,", "\"v\":2,\"ok\":true,\"answer\":{},");
+        assert_ne!(one, wire);
+        assert!(decode_reply::<Next>(200, one.as_bytes()).is_err(), "{one}");
     }
 
     #[test]

@@ -40,6 +40,15 @@ impl Default for Timing {
     }
 }
 
+impl Timing {
+    /// How long a session's records may be kept after it was created: the
+    /// longest call, then the retention. A map that was in force this long
+    /// ago may still have a session held where it placed it (SPEC §16).
+    pub fn holding_horizon_ms(&self) -> i64 {
+        self.max_duration_ms + self.retention_ms
+    }
+}
+
 /// The Dispatcher's configuration.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {

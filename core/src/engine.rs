@@ -22,11 +22,13 @@ pub use crate::directory::{
     Cached, DocError, HeartbeatRefusal, NodeKey, ProbeAdmission, KEPT_REVISIONS,
 };
 pub use crate::error::EngineError;
-pub use crate::messages::{DirectoryView, ForwardMark, ForwardResult, Lease, LeaseAsk};
+pub use crate::messages::{
+    DirectoryView, ForwardMark, ForwardResult, Lease, LeaseAsk, MapNotice, Redirect,
+};
 pub use crate::node_auth::Caller;
 pub use crate::shard::{
-    may_reforward, AlarmWork, BadRequest, ClaimReply, ClaimRequest, Delivered, FenceGrant,
-    FenceRefusal, FenceReply, FenceRequest, Forward, Ingress, MediaRefusal, MediaReply,
+    may_reforward, AlarmWork, Arrival, BadRequest, ClaimReply, ClaimRequest, Delivered, FenceGrant,
+    FenceRefusal, FenceReply, FenceRequest, Forward, Holds, Ingress, MediaRefusal, MediaReply,
     MediaVerifyRequest, PendingReason, PreviewRequest, Refused, Report, ReportEffect,
     ReportedAnswer, MAX_HOPS, MIN_REFORWARD_BUDGET_MS, ROWS_PER_SESSION,
 };
@@ -207,9 +209,23 @@ impl<S: Store> Engine<S> {
         now_ms: i64,
     ) -> Result<u64, DocError> {
         let open_calls = self.shard.open_calls()?;
-        self.on_directory(now_ms, |d| {
+        let revision = self.on_directory(now_ms, |d| {
             d.put_document(kind, body, if_match, writer_fp, &open_calls, now_ms)
-        })
+        })?;
+        if kind == DocKind::Shards {
+            // The object's own shard holds the new map before the PUT is
+            // answered; the other shards adopt it from the requests that
+            // carry it.
+            self.shard.handle_map(&self.map_notice(now_ms)?)?;
+        }
+        Ok(revision)
+    }
+
+    /// The map in force as the call shards need it, with the counts of the
+    /// holding horizon ([`Directory::map_notice`]).
+    pub fn map_notice(&self, now_ms: i64) -> Result<MapNotice, EngineError> {
+        let horizon = self.config().timing.holding_horizon_ms();
+        self.directory.map_notice(now_ms, horizon)
     }
 
     /// Every key of every registered node, and the registry revision.
@@ -277,9 +293,28 @@ impl<S: Store> Engine<S> {
         headers: &[(String, String)],
         now_ms: i64,
     ) -> Result<Ingress, EngineError> {
+        self.handle_placed_webhook(envelope, body, headers, &Arrival::default(), now_ms)
+    }
+
+    /// A verified webhook as the Worker placed it
+    /// ([`CallShard::handle_placed_webhook`]).
+    pub fn handle_placed_webhook(
+        &self,
+        envelope: &crate::telnyx::Envelope,
+        body: &str,
+        headers: &[(String, String)],
+        arrival: &Arrival,
+        now_ms: i64,
+    ) -> Result<Ingress, EngineError> {
         self.on_shard(now_ms, |s| {
-            s.handle_webhook(envelope, body, headers, now_ms)
+            s.handle_placed_webhook(envelope, body, headers, arrival, now_ms)
         })
+    }
+
+    /// Whether the shard holds session `id`, asked under `map`
+    /// ([`CallShard::handle_holds`]).
+    pub fn handle_holds(&self, id: &str, map: &MapNotice) -> Result<Holds, EngineError> {
+        self.shard.handle_holds(id, map)
     }
 
     /// The outcome of a forward ([`CallShard::handle_report`]).

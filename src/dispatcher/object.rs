@@ -12,9 +12,10 @@ use super::profile::{OpProfile, Profile};
 use super::store::DoStore;
 use crate::clock::now_ms;
 use crate::config::Config;
-use crate::protocol;
+use crate::protocol::{self, encode_refusal};
 use callfence_core::delivery::Delivery;
 use callfence_core::engine::{Engine, EngineError};
+use callfence_core::refusal::Refusal;
 use callfence_core::store::migrate;
 use std::cell::Cell;
 #[cfg(feature = "testing")]
@@ -66,8 +67,20 @@ impl DurableObject for Dispatcher {
         }
         #[cfg(feature = "testing")]
         let (arrived, spent_before) = (now_ms(), self.engine.store().spent());
-        let path = req.path();
-        let url_op = path.trim_start_matches('/');
+        let url = req.url()?;
+        match url.host_str().and_then(protocol::shard_of) {
+            Some(0) => {}
+            // This release places every call in `global` (the map is capped
+            // at one shard): another shard's object decides nothing.
+            Some(_) => return answer(200, encode_refusal(&Refusal::DispatcherUnavailable)),
+            None => {
+                return answer(
+                    400,
+                    protocol::encode_rejected(protocol::MessageError::UnknownOp),
+                )
+            }
+        }
+        let url_op = url.path().trim_start_matches('/');
         let body = req.bytes().await?;
         let message = match protocol::decode_request(url_op, &body) {
             Ok(message) => message,

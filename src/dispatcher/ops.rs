@@ -8,14 +8,14 @@ use super::counting;
 use super::profile::Profile;
 use crate::protocol::encode_refusal;
 use crate::protocol::{
-    self, DocumentRead, Documents, MapState, Message, Next, NodeKeys, Present, ProbeTarget,
+    self, DocumentRead, Documents, Held, MapState, Message, Next, NodeKeys, Present, ProbeTarget,
     Request, Scraped, Written,
 };
 use callfence_core::admission;
 use callfence_core::engine::{
-    BadRequest, Caller, ClaimReply, ClaimRequest, Engine, EngineError, FenceReply, FenceRequest,
-    Forward, Ingress, MediaReply, MediaVerifyRequest, PendingReason, PreviewRequest,
-    ProbeAdmission, ReportEffect,
+    Arrival, BadRequest, Caller, ClaimReply, ClaimRequest, Engine, EngineError, FenceReply,
+    FenceRequest, Forward, Holds, Ingress, MediaReply, MediaVerifyRequest, PendingReason,
+    PreviewRequest, ProbeAdmission, ReportEffect,
 };
 use callfence_core::media::MediaKeys;
 use callfence_core::metrics::{ClaimLimit, Count, WebhookOutcome};
@@ -123,6 +123,8 @@ pub fn serve<S: Store>(
             envelope,
             headers,
             received_at_ms,
+            map,
+            absent,
         } => {
             if !admission::admits_webhook(*received_at_ms, now_ms) {
                 engine
@@ -130,7 +132,16 @@ pub fn serve<S: Store>(
                     .count(Count::Webhook(WebhookOutcome::Overloaded));
                 Err(Refusal::Overloaded)
             } else {
-                match webhook(engine, envelope.as_ref(), headers, payload, now_ms)? {
+                let arrival = Arrival {
+                    map: *map,
+                    absent: absent.clone(),
+                };
+                let placed = Placed {
+                    envelope: envelope.as_ref(),
+                    headers,
+                    arrival: &arrival,
+                };
+                match webhook(engine, placed, payload, now_ms)? {
                     // A version 1 Worker forwards and reports itself.
                     Ok(Next::Forward(forward)) if received_at_ms.is_some() => {
                         return Ok(Served::Deliver {
@@ -142,6 +153,12 @@ pub fn serve<S: Store>(
                 }
             }
         }
+        Request::Holds {
+            call_session_id,
+            map,
+        } => done(&Held {
+            held: engine.handle_holds(call_session_id, map)? == Holds::Held,
+        }),
         Request::Report { report } => Ok(encode(report_way(engine.handle_report(report, now_ms)?))),
         Request::Heartbeat {
             node,
@@ -282,17 +299,26 @@ pub fn serve<S: Store>(
     ))
 }
 
-/// A verified webhook: the Worker's envelope (a version 1 Worker sent none:
-/// parse the body here).
+/// A verified webhook as the Worker placed it.
+struct Placed<'a> {
+    /// The Worker's envelope (a version 1 Worker sent none: the body is
+    /// parsed here).
+    envelope: Option<&'a Envelope>,
+    /// The Telnyx headers.
+    headers: &'a [(String, String)],
+    /// What the Worker knows of the shard map.
+    arrival: &'a Arrival,
+}
+
+/// A verified webhook's way forward.
 fn webhook<S: Store>(
     engine: &Engine<S>,
-    envelope: Option<&Envelope>,
-    headers: &[(String, String)],
+    placed: Placed<'_>,
     payload: &[u8],
     now_ms: i64,
 ) -> Result<Result<Next, Refusal>, EngineError> {
     let parsed;
-    let envelope = match envelope {
+    let envelope = match placed.envelope {
         Some(envelope) => envelope,
         None => match parse_envelope(payload) {
             Ok(envelope) => {
@@ -306,7 +332,8 @@ fn webhook<S: Store>(
         return Ok(Err(Refusal::BadEnvelope));
     };
     let event_id = &envelope.event_id;
-    let ingress = engine.handle_webhook(envelope, body, headers, now_ms)?;
+    let ingress =
+        engine.handle_placed_webhook(envelope, body, placed.headers, placed.arrival, now_ms)?;
     counting::ingress(engine.metrics(), &ingress);
     Ok(match ingress {
         Ingress::Forward(f) => Ok(Next::Forward(Box::new(f))),
@@ -319,10 +346,8 @@ fn webhook<S: Store>(
         Ingress::Pending(reason) => Err(Refusal::Pending(reason)),
         Ingress::Rejected => Err(Refusal::Pending(PendingReason::NoEligibleNode)),
         Ingress::StorageFull => Err(Refusal::StorageFull),
-        // A webhook with no map places itself on the map this object holds,
-        // whose home is `global` until the Worker sends maps (SPEC §16); a
-        // held map that says otherwise cannot be acted on here: fail closed.
-        Ingress::Redirect(_) => Err(Refusal::DispatcherUnavailable),
+        // Not this shard's to create (SPEC §16): the Worker goes on.
+        Ingress::Redirect(redirect) => Ok(Next::Redirect(redirect)),
     })
 }
 
@@ -344,7 +369,7 @@ mod tests {
     use super::*;
     use crate::protocol::{decode_reply, Reply, View};
     use callfence_core::document::DocKind;
-    use callfence_core::engine::EngineConfig;
+    use callfence_core::engine::{EngineConfig, MapNotice, Redirect};
     use callfence_core::store::{migrate, sqlite::SqliteStore};
 
     fn engine() -> Engine<SqliteStore> {
@@ -535,6 +560,8 @@ mod tests {
             envelope: None,
             headers: Vec::new(),
             received_at_ms: None,
+            map: None,
+            absent: None,
         };
         let reply = answer_of(
             serve(
@@ -559,5 +586,66 @@ mod tests {
             refusal(decode_reply(200, reply.as_bytes()).unwrap()),
             (400, "bad_envelope".into())
         );
+    }
+
+    /// The answer to a webhook with `body` that carries `map`.
+    fn placed(e: &Engine<SqliteStore>, map: MapNotice, body: &str) -> String {
+        let request = Request::Webhook {
+            envelope: None,
+            headers: Vec::new(),
+            received_at_ms: None,
+            map: Some(map),
+            absent: None,
+        };
+        let message = message(request, body.as_bytes());
+        answer_of(serve(e, None, &Profile::default(), &message, 1_796_000_000_000).unwrap())
+    }
+
+    /// A webhook for a new session whose home under the map it carries is
+    /// another shard: redirected there, nothing stored; `Holds` answers
+    /// whether the session is held here.
+    #[test]
+    fn a_session_placed_elsewhere_is_redirected_and_holds_tells_the_truth() {
+        let e = engine();
+        let map = MapNotice::new(1, 4, 0);
+        let id = (0..100)
+            .map(|i| format!("s{i}"))
+            .find(|id| map.home(id) != 0)
+            .unwrap();
+        let body = format!(
+            r#"{{"data":{{"id":"e1","event_type":"call.initiated","payload":{{"call_session_id":"{id}","to":"+15551230000","from":"+15551239999"}}}}}}"#
+        );
+        let reply = placed(&e, map, &body);
+        assert_eq!(
+            decode_reply::<Next>(200, reply.as_bytes()).unwrap(),
+            Reply::Done(Next::Redirect(Redirect::Elsewhere {
+                shard: map.home(&id),
+                map
+            }))
+        );
+        assert_eq!(e.call(&id).unwrap(), None, "nothing was stored");
+        let holds = |id: &str| {
+            let request = Request::Holds {
+                call_session_id: id.to_owned(),
+                map,
+            };
+            let body =
+                answer_of(serve(&e, None, &Profile::default(), &message(request, b""), 0).unwrap());
+            decode_reply::<Held>(200, body.as_bytes()).unwrap()
+        };
+        assert_eq!(holds(&id), Reply::Done(Held { held: false }));
+        // A session placed here is created (parked without a policy) and
+        // then held.
+        let here = (0..100)
+            .map(|i| format!("h{i}"))
+            .find(|id| map.home(id) == 0)
+            .unwrap();
+        let body = body.replace(&id, &here);
+        let reply = placed(&e, map, &body);
+        assert!(matches!(
+            decode_reply::<Next>(200, reply.as_bytes()).unwrap(),
+            Reply::Refused(_)
+        ));
+        assert_eq!(holds(&here), Reply::Done(Held { held: true }));
     }
 }
