@@ -6,7 +6,7 @@
 
 use crate::heartbeat::{Heartbeat, Mode};
 use crate::registry::{NodeEntry, Role};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A heartbeat is stale `valid_for_s` after the earlier of its receipt and
 /// its signed timestamp plus this grace.
@@ -92,7 +92,7 @@ impl Reason {
 }
 
 /// The last accepted heartbeat of a node with the times the edge saw it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Beat {
     /// The beat document.
     pub heartbeat: Heartbeat,

@@ -14,6 +14,10 @@
 //!   with every request it places): the shard map and the shard counts of
 //!   its recent history. A shard keeps the newest revision it has seen.
 //!
+//! Between objects each travels as JSON through serde (the derives on each
+//! type); the simulation's lease world sends every ask and lease in that
+//! form.
+//!
 //! Neither machine imports the other: both import these.
 
 pub mod lease;

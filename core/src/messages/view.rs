@@ -5,6 +5,7 @@ use super::mark::{ForwardMark, ForwardResult};
 use crate::eligibility::Beat;
 use crate::policy::RoutingPolicy;
 use crate::registry::NodeRegistry;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
@@ -21,7 +22,7 @@ pub const VIEW_VERSION: u16 = 1;
 /// view sent twice or out of order changes nothing. `generation` counts
 /// the directory's changes since its object started; `as_of_ms`, the time
 /// of the last of them, orders views across a restart of the directory.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DirectoryView {
     /// [`VIEW_VERSION`].
     pub v: u16,
@@ -93,7 +94,7 @@ pub fn lists_key(registry: Option<&NodeRegistry>, node: &str, kid: &str) -> bool
 
 /// A small table by node id: a deployment has a few nodes, so a list
 /// searched in order, which costs less code in the wasm than a map.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PerNode<T>(Vec<(String, T)>);
 
 impl<T> Default for PerNode<T> {
@@ -139,7 +140,7 @@ impl<T> FromIterator<(String, T)> for PerNode<T> {
 }
 
 /// What the directory keeps of a node besides its registry entry.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct NodeState {
     /// The last accepted beat, parsed.
     pub beat: Option<Rc<Beat>>,
@@ -152,7 +153,7 @@ pub struct NodeState {
 /// A node's forward health: when a forward to it last failed and last
 /// delivered. Both only grow, so marks applied in any order, or twice,
 /// leave the same health.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
     /// The last failed (or unknown) forward.
     pub last_failure_at_ms: Option<i64>,

@@ -3,9 +3,9 @@
 //! under leases, with two nodes of small capacity.
 //!
 //! Calls arrive at every shard, hang up, and are decided on whatever lease
-//! each shard holds. Lease asks and leases travel between the objects and
-//! are delayed, reordered, repeated or lost; the directory asks shards with
-//! spare room to report; nodes drain and come back; the clock runs; any
+//! each shard holds. Lease asks and leases travel between the objects in
+//! their wire form (JSON), delayed, reordered, repeated or lost; the
+//! directory asks shards with spare room to report; nodes drain and come back; the clock runs; any
 //! object restarts (its memory dropped).
 //!
 //! After every step the world checks: no node has more open calls, summed
@@ -47,11 +47,17 @@ pub enum Plant {
     AckAtDirectory,
 }
 
-/// A message between `global` and a call shard, in flight.
+/// A message between `global` and a call shard, in flight in its wire form
+/// (JSON), as it crosses from one object to another.
 #[derive(Debug, Clone)]
 enum Message {
-    Ask(LeaseAsk),
-    Lease(Lease),
+    Ask(String),
+    Lease(String),
+}
+
+/// A message's wire form.
+fn wire(message: &impl serde::Serialize) -> String {
+    serde_json::to_string(message).expect("encode")
 }
 
 pub struct LeaseWorld {
@@ -270,7 +276,7 @@ impl LeaseWorld {
         }
         *since = Some(self.now);
         let ask = self.call_shard(k).lease_ask(reclaimed).expect("ask");
-        self.in_flight.push(Message::Ask(ask));
+        self.in_flight.push(Message::Ask(wire(&ask)));
     }
 
     /// Delivers a message in flight, in any order; some are lost, some
@@ -287,15 +293,17 @@ impl LeaseWorld {
         }
         match message {
             Message::Ask(ask) => {
+                let ask: LeaseAsk = serde_json::from_str(&ask).expect("ask");
                 if let Some(lease) = self
                     .global()
                     .handle_lease_ask(&ask, self.now)
                     .expect("lease")
                 {
-                    self.in_flight.push(Message::Lease(lease));
+                    self.in_flight.push(Message::Lease(wire(&lease)));
                 }
             }
             Message::Lease(lease) => {
+                let lease: Lease = serde_json::from_str(&lease).expect("lease");
                 let k = lease.shard;
                 let shard = self.call_shard(k);
                 if self.plant == Some(Plant::CapacityPerShard) {
