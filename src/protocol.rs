@@ -54,6 +54,8 @@
 //! | `NodeKeys` | none | [`NodeKeys`] |
 //! | `Webhook` (`envelope`, `headers`, `received_at_ms`, `map`?, `absent`?) | the raw webhook body | [`Next`]: a forward made and its answer, the carrier's answer, or a [`Redirect`] (SPEC §16) |
 //! | `Holds` (`call_session_id`, `map`) | none | [`Held`] |
+//! | `LeaseAsk` (`ask`), to `global` | none | [`Leased`] |
+//! | `Mark` (`mark`), to `global` | none | `{}` |
 //! | `Report` (`report`) | none | [`Next`] (a reassigned call's next forward) |
 //! | `Heartbeat` (`node`, `kid`, `signed_at_s`) | the beat | the heartbeat answer (§6), relayed |
 //! | `Fence`, `Claim`, `MediaVerify` (`node`, `kid`) | the request body | the §8 / §13 answers, relayed |
@@ -76,7 +78,7 @@
 //! `dispatcher::ops::Refusal`.
 
 use callfence_core::document::DocKind;
-use callfence_core::engine::{Forward, NodeKey, Report};
+use callfence_core::engine::{Forward, ForwardMark, Lease, LeaseAsk, NodeKey, Report};
 use callfence_core::messages::{MapNotice, Redirect};
 use callfence_core::refusal::Refusal;
 use callfence_core::telnyx::Envelope;
@@ -169,6 +171,16 @@ pub enum Request {
         call_session_id: String,
         /// The asking shard's map.
         map: MapNotice,
+    },
+    /// A call shard's ask for a lease (SPEC §16), to `global`.
+    LeaseAsk {
+        /// The ask.
+        ask: LeaseAsk,
+    },
+    /// A call shard's forward mark, to `global`.
+    Mark {
+        /// The mark.
+        mark: ForwardMark,
     },
     /// The outcome of a forward.
     Report {
@@ -313,6 +325,8 @@ impl Request {
             Request::NodeKeys => "node_keys",
             Request::Webhook { .. } => "webhook",
             Request::Holds { .. } => "holds",
+            Request::LeaseAsk { .. } => "lease_ask",
+            Request::Mark { .. } => "mark",
             Request::Report { .. } => "report",
             Request::Heartbeat { .. } => "heartbeat",
             Request::Fence { .. } => "fence",
@@ -348,6 +362,8 @@ impl Request {
             | Request::NodeKeys
             | Request::Webhook { .. }
             | Request::Holds { .. }
+            | Request::LeaseAsk { .. }
+            | Request::Mark { .. }
             | Request::Report { .. }
             | Request::GetDocument { .. }
             | Request::PutDocument { .. }
@@ -364,6 +380,16 @@ impl Request {
         }
     }
 
+    /// True for the directory's operations whose answer tells a change of
+    /// what decisions read (a beat, a document, a forward mark): answered
+    /// only once the change is in force in every call shard.
+    pub fn acknowledges(&self) -> bool {
+        matches!(
+            self,
+            Request::Heartbeat { .. } | Request::PutDocument { .. } | Request::Mark { .. }
+        )
+    }
+
     /// True for the operations that may change stored state (after which
     /// the Dispatcher asks the engine when its alarm is next due). The
     /// bench-only `WritesOnly` writes but answers false on purpose: it
@@ -376,6 +402,8 @@ impl Request {
             | Request::Fence { .. }
             | Request::Claim { .. }
             | Request::Probe { .. }
+            | Request::LeaseAsk { .. }
+            | Request::Mark { .. }
             | Request::PutDocument { .. } => true,
             Request::Ping
             | Request::NodeKeys
@@ -649,6 +677,15 @@ impl<'de> Deserialize<'de> for Next {
             )),
         }
     }
+}
+
+/// [`Request::LeaseAsk`]'s result: the lease, or none when the ask was
+/// older than one already answered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Leased {
+    /// The lease granted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
 }
 
 /// [`Request::Holds`]'s result.

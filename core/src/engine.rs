@@ -265,6 +265,13 @@ impl<S: Store> Engine<S> {
             .handle_lease_ask(ask, &open, map.call_shards as u32, now_ms)
     }
 
+    /// Another call shard's forward mark, applied to the node's forward
+    /// health and, when that changed a decision, sent to this object's own
+    /// shard.
+    pub fn handle_mark(&self, mark: ForwardMark, now_ms: i64) -> Result<(), EngineError> {
+        self.on_directory(now_ms, |d| d.handle_input(DirectoryInput::Mark(mark)))
+    }
+
     /// When the answer to a directory request made at `now_ms` may be
     /// given: once every lease granted before the last change to what a
     /// decision reads has lapsed (SPEC §16; at once with no lease).

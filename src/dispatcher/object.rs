@@ -149,6 +149,9 @@ impl DurableObject for Dispatcher {
                 )
             }
         };
+        if message.request.acknowledges() {
+            self.acknowledged().await?;
+        }
         #[cfg(feature = "testing")]
         let served = now_ms();
         #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
@@ -248,6 +251,20 @@ impl Dispatcher {
 }
 
 impl Dispatcher {
+    /// Waits until a change of the directory this request made (or one
+    /// still pending) is in force in every call shard: every lease granted
+    /// before it has lapsed (SPEC §16, `Engine::acknowledge_at`). At once
+    /// when no other shard holds a lease.
+    async fn acknowledged(&self) -> Result<()> {
+        let now = now_ms();
+        let at = self.engine.acknowledge_at(now).map_err(rust_error)?;
+        if at > now {
+            let wait = std::time::Duration::from_millis((at - now) as u64);
+            worker::Delay::from(wait).await;
+        }
+        Ok(())
+    }
+
     /// Arms the alarm for the earliest pending work, unless it is already
     /// armed for earlier (known from memory, else asked of storage once).
     /// Returns how many calls it made to the runtime's alarm API.

@@ -8,8 +8,8 @@ use super::counting;
 use super::profile::Profile;
 use crate::protocol::encode_refusal;
 use crate::protocol::{
-    self, DocumentRead, Documents, Held, MapState, Message, Next, NodeKeys, Present, ProbeTarget,
-    Request, Scraped, Written,
+    self, DocumentRead, Documents, Held, Leased, MapState, Message, Next, NodeKeys, Present,
+    ProbeTarget, Request, Scraped, Written,
 };
 use callfence_core::admission;
 use callfence_core::engine::{
@@ -159,6 +159,13 @@ pub fn serve<S: Store>(
         } => done(&Held {
             held: engine.handle_holds(call_session_id, map)? == Holds::Held,
         }),
+        Request::LeaseAsk { ask } => done(&Leased {
+            lease: engine.handle_lease_ask(ask, now_ms)?,
+        }),
+        Request::Mark { mark } => {
+            engine.handle_mark(mark.clone(), now_ms)?;
+            done(&json!({}))
+        }
         Request::Report { report } => Ok(encode(report_way(engine.handle_report(report, now_ms)?))),
         Request::Heartbeat {
             node,
@@ -367,9 +374,11 @@ fn parse<T>(payload: &[u8], parse: fn(&[u8]) -> Result<T, BadRequest>) -> Result
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests {
     use super::*;
-    use crate::protocol::{decode_reply, Reply, View};
+    use crate::protocol::{decode_reply, Leased, Reply, View};
     use callfence_core::document::DocKind;
-    use callfence_core::engine::{EngineConfig, MapNotice, Redirect};
+    use callfence_core::engine::{
+        EngineConfig, ForwardMark, ForwardResult, LeaseAsk, MapNotice, Redirect,
+    };
     use callfence_core::store::{migrate, sqlite::SqliteStore};
 
     fn engine() -> Engine<SqliteStore> {
@@ -647,5 +656,54 @@ mod tests {
             Reply::Refused(_)
         ));
         assert_eq!(holds(&here), Reply::Done(Held { held: true }));
+    }
+
+    /// A call shard's lease ask is answered once per sequence number with
+    /// the directory's view and a cap per registered node (none without a
+    /// beat); a repeated ask gets no second lease.
+    #[test]
+    fn a_lease_ask_is_answered_once_with_the_view_and_caps() {
+        let e = engine_with_m1();
+        let ask = LeaseAsk {
+            v: callfence_core::messages::LEASE_VERSION,
+            shard: 1,
+            seq: 4,
+            open: Default::default(),
+            want: Vec::new(),
+            reclaimed: false,
+        };
+        let asked = |ask: &LeaseAsk| {
+            let request = Request::LeaseAsk { ask: ask.clone() };
+            let body = answer_of(
+                serve(&e, None, &Profile::default(), &message(request, b""), 1_000).unwrap(),
+            );
+            match decode_reply::<Leased>(200, body.as_bytes()).unwrap() {
+                Reply::Done(leased) => leased.lease,
+                Reply::Refused(r) => panic!("{r:?}"),
+            }
+        };
+        let lease = asked(&ask).expect("a lease");
+        assert_eq!(
+            (lease.shard, lease.seq, lease.caps.get("M1")),
+            (1, 4, Some(0))
+        );
+        assert_eq!(lease.view.nodes_revision(), 1);
+        assert!(lease.until_ms > 1_000);
+        assert!(asked(&ask).is_none(), "the same ask again");
+        let failing = || {
+            let status = e.status(1_000).unwrap().to_string();
+            status.contains("recent_forward_failure")
+        };
+        assert!(!failing());
+        let mark = Request::Mark {
+            mark: ForwardMark::new("M1", ForwardResult::Failed, 900),
+        };
+        let body =
+            answer_of(serve(&e, None, &Profile::default(), &message(mark, b""), 1_000).unwrap());
+        assert!(matches!(
+            decode_reply::<View>(200, body.as_bytes()),
+            Ok(Reply::Done(_))
+        ));
+        assert!(failing(), "the mark is in force");
     }
 }
