@@ -225,8 +225,8 @@ mod tests {
         assert_eq!(l.map(), map);
     }
 
-    #[test]
-    fn a_lookup_asks_each_shard_then_goes_back_with_the_proof() {
+    /// A placement at its first shard, told to ask shards 1 and 2.
+    fn looked_up() -> (Locate, MapNotice) {
         let mut l = Locate::new("s1", MapNotice::default());
         l.poll_transmit();
         let map = MapNotice::new(5, 4, 0b1011);
@@ -234,6 +234,12 @@ mod tests {
             shards: vec![1, 2],
             map,
         });
+        (l, map)
+    }
+
+    #[test]
+    fn a_lookup_asks_each_shard_then_goes_back_with_the_proof() {
+        let (mut l, map) = looked_up();
         for asked in [1, 2] {
             assert_eq!(
                 l.poll_transmit(),
@@ -248,13 +254,7 @@ mod tests {
 
     #[test]
     fn a_holder_found_takes_the_webhook_without_a_proof() {
-        let mut l = Locate::new("s1", MapNotice::default());
-        l.poll_transmit();
-        let map = MapNotice::new(5, 4, 0b1011);
-        l.handle_redirect(Redirect::Lookup {
-            shards: vec![1, 2],
-            map,
-        });
+        let (mut l, _) = looked_up();
         l.poll_transmit();
         l.handle_holds(Holds::Held);
         let (shard, arrival) = webhook_to(l.poll_transmit());
