@@ -55,16 +55,36 @@ pub struct Engine<S: Store> {
     store: Rc<S>,
     directory: Directory<Rc<S>>,
     shard: CallShard<Rc<S>>,
+    /// False in a call shard's own object (`calls-k`): its directory machine
+    /// is not the deployment's, so no view of it reaches the shard, whose
+    /// marks wait in its outbox for the object to send to `global`.
+    directs: bool,
 }
 
 impl<S: Store> Engine<S> {
-    /// An engine over `store`, whose schema must already be migrated.
+    /// `global`'s engine over `store`, whose schema must already be
+    /// migrated: the directory and call shard 0.
     pub fn new(store: S, config: EngineConfig) -> Self {
         let store = Rc::new(store);
         Self {
             directory: Directory::new(store.clone(), config.allow_plaintext),
             shard: CallShard::new(store.clone(), config),
             store,
+            directs: true,
+        }
+    }
+
+    /// The engine of call shard `k ≥ 1`'s own object (SPEC §16): the shard
+    /// alone, deciding under leases from `global` ([`CallShard::leased`]).
+    /// Its forward marks stay in the shard's outbox
+    /// ([`CallShard::poll_output`]) for the object to send.
+    pub fn call_shard(store: S, config: EngineConfig, k: u32) -> Self {
+        let store = Rc::new(store);
+        Self {
+            directory: Directory::new(store.clone(), config.allow_plaintext),
+            shard: CallShard::new(store.clone(), config).numbered(k).leased(),
+            store,
+            directs: false,
         }
     }
 
@@ -96,6 +116,7 @@ impl<S: Store> Engine<S> {
             store,
             directory,
             shard,
+            ..
         } = self;
         drop((directory, shard));
         Rc::try_unwrap(store).unwrap_or_else(|_| unreachable!("the machines held the only clones"))
@@ -126,6 +147,9 @@ impl<S: Store> Engine<S> {
     /// Delivers every pending message: the shard's marks to the directory,
     /// then the directory's view to the shard.
     fn settle(&self, now_ms: i64) -> Result<(), EngineError> {
+        if !self.directs {
+            return Ok(());
+        }
         while let Some(ShardOutput::Mark(mark)) = self.shard.poll_output() {
             if let Err(e) = self
                 .directory
@@ -150,6 +174,10 @@ impl<S: Store> Engine<S> {
         now_ms: i64,
         request: impl FnOnce(&CallShard<Rc<S>>) -> Result<T, E>,
     ) -> Result<T, E> {
+        if !self.directs {
+            // A leased shard keeps its wants for its next lease ask.
+            return request(&self.shard);
+        }
         self.settle(now_ms)?;
         self.shard
             .set_held_elsewhere(self.directory.held_by_shards()?);
@@ -235,6 +263,10 @@ impl<S: Store> Engine<S> {
 
     /// True when `caller`'s node and key id are in the current registry.
     pub fn key_in_force(&self, caller: Caller<'_>) -> Result<bool, EngineError> {
+        if !self.directs {
+            let view = self.shard.directory_view();
+            return Ok(view.key_in_force(caller.node, caller.kid));
+        }
         self.directory.key_in_force(caller)
     }
 
@@ -367,7 +399,9 @@ impl<S: Store> Engine<S> {
     /// (forgetting the beats of nodes no longer registered).
     pub fn poll_alarm(&self, now_ms: i64) -> Result<AlarmWork, EngineError> {
         let work = self.on_shard(now_ms, |s| s.poll_alarm(now_ms))?;
-        self.on_directory(now_ms, |d| d.forget_unregistered(now_ms))?;
+        if self.directs {
+            self.on_directory(now_ms, |d| d.forget_unregistered(now_ms))?;
+        }
         Ok(work)
     }
 

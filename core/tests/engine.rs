@@ -10,13 +10,15 @@ use callfence_core::directory::DocError;
 use callfence_core::document::DocKind;
 use callfence_core::encoding::b64_encode;
 use callfence_core::engine::{
-    may_reforward, Caller, ClaimReply, ClaimRequest, Engine, EngineConfig, FenceRefusal,
-    FenceReply, FenceRequest, Forward, HeartbeatRefusal, Ingress, MediaRefusal, MediaReply,
-    PendingReason, PreviewRequest, Report, ReportEffect, ReportedAnswer, MAX_HOPS,
+    may_reforward, Arrival, Caller, ClaimReply, ClaimRequest, Engine, EngineConfig, FenceRefusal,
+    FenceReply, FenceRequest, Forward, HeartbeatRefusal, Ingress, Lease, LeaseAsk, MediaRefusal,
+    MediaReply, PendingReason, PreviewRequest, Report, ReportEffect, ReportedAnswer, MAX_HOPS,
     MIN_REFORWARD_BUDGET_MS,
 };
 use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, Mode, HEARTBEAT_SCHEMA};
 use callfence_core::media::MediaKeys;
+use callfence_core::messages::MapNotice;
+use callfence_core::shard::ShardOutput;
 use callfence_core::shard_map::{RollbackFloor, ShardMap, SHARDS_SCHEMA};
 use callfence_core::store::sqlite::SqliteStore;
 use callfence_core::store::{migrate, migrate_with, Store, Value, MIGRATIONS};
@@ -1214,4 +1216,88 @@ fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history(
     assert_eq!(put(1, "\"2\"", shrunk_at), Ok(3));
     assert_eq!(floor(shrunk_at + retention - 1), RollbackFloor::V1_4);
     assert_eq!(floor(shrunk_at + retention + 1), RollbackFloor::V1_3);
+}
+
+/// A call shard's own object (`calls-k`, SPEC §16) knows nothing until its
+/// lease, which crosses from `global` as JSON: before it a new call parks
+/// and a node's key is unknown; under it the call is forwarded and
+/// fenced; a failed forward's mark reaches `global` from its outbox.
+#[test]
+fn a_call_shard_s_own_object_decides_only_under_a_lease_from_global() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    let store = SqliteStore::in_memory().unwrap();
+    migrate(&store, T0).unwrap();
+    let calls1 = Engine::call_shard(store, EngineConfig::default(), 1);
+    let map = MapNotice::new(1, 2, 0);
+    let session = (0..100)
+        .map(|i| format!("v3:k1-{i}"))
+        .find(|s| map.home(s) == 1)
+        .unwrap();
+    let arrival = Arrival {
+        map: Some(map),
+        absent: Some((1, vec![0])),
+    };
+    let body = |id: &str| {
+        json!({"data": {"id": id, "event_type": "call.initiated", "payload": {"call_session_id": session,
+            "call_control_id": format!("leg-{session}"), "from": "+12125550199", "to": "+15102160079", "direction": "incoming"}}})
+        .to_string()
+    };
+    let webhook = |id: &str, now: i64| {
+        let body = body(id);
+        let envelope = parse_envelope(body.as_bytes()).unwrap();
+        calls1
+            .handle_placed_webhook(&envelope, &body, &[], &arrival, now)
+            .unwrap()
+    };
+    assert!(matches!(webhook("e1", w.now), Ingress::Pending(_)));
+    assert!(!calls1.key_in_force(caller("M1")).unwrap());
+    assert!(calls1.shard().lease_due(w.now));
+
+    let ask = calls1.shard().lease_ask(false).unwrap();
+    let ask: LeaseAsk = serde_json::from_str(&serde_json::to_string(&ask).unwrap()).unwrap();
+    let lease = w.engine.handle_lease_ask(&ask, w.now).unwrap().unwrap();
+    let lease: Lease = serde_json::from_str(&serde_json::to_string(&lease).unwrap()).unwrap();
+    assert!(calls1.shard().handle_lease(lease));
+    assert!(calls1.key_in_force(caller("M1")).unwrap());
+
+    let f = forward(webhook("e2", w.now));
+    assert_eq!((f.node.as_str(), f.epoch), ("M1", 1));
+    let req = FenceRequest {
+        call_session_id: session.clone(),
+        call_control_id: format!("leg-{session}"),
+        epoch: 1,
+        purpose: callfence_core::wire::FencePurpose::Answer,
+    };
+    let fenced = calls1
+        .handle_fence(caller("M1"), &req, &w.media, w.now)
+        .unwrap();
+    assert!(matches!(fenced, FenceReply::Granted(_)), "{fenced:?}");
+    assert_eq!(
+        w.engine.call(&session).unwrap(),
+        None,
+        "global holds nothing of it"
+    );
+
+    // The forward times out: the mark waits in the shard's outbox until
+    // the object sends it, and global's status then shows the failure.
+    let report = Report {
+        event_id: f.event_id.clone(),
+        epoch: f.epoch,
+        attempt: f.attempt,
+        answer: ReportedAnswer::Timeout,
+        budget_left_ms: 0,
+        hop: 1,
+    };
+    calls1.handle_report(&report, w.now).unwrap();
+    let failing = |w: &World| {
+        let status = w.engine.status(w.now).unwrap().to_string();
+        status.contains("recent_forward_failure")
+    };
+    assert!(!failing(&w));
+    let Some(ShardOutput::Mark(mark)) = calls1.shard().poll_output() else {
+        panic!("no mark in the outbox");
+    };
+    w.engine.handle_mark(mark, w.now).unwrap();
+    assert!(failing(&w));
 }
