@@ -67,7 +67,8 @@ impl<S: Store> Engine<S> {
     pub fn new(store: S, config: EngineConfig) -> Self {
         let store = Rc::new(store);
         Self {
-            directory: Directory::new(store.clone(), config.allow_plaintext),
+            directory: Directory::new(store.clone(), config.allow_plaintext)
+                .capped_at(config.call_shards_cap),
             shard: CallShard::new(store.clone(), config),
             store,
             directs: true,
@@ -348,6 +349,16 @@ impl<S: Store> Engine<S> {
         self.on_shard(now_ms, |s| {
             s.handle_placed_webhook(envelope, body, headers, arrival, now_ms)
         })
+    }
+
+    /// Where a node's request about session `id` must go first
+    /// ([`CallShard::redirect_for`]).
+    pub fn redirect_for(
+        &self,
+        id: &str,
+        arrival: &Arrival,
+    ) -> Result<Option<Redirect>, EngineError> {
+        self.shard.redirect_for(id, arrival)
     }
 
     /// Whether the shard holds session `id`, asked under `map`

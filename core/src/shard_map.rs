@@ -57,6 +57,12 @@ impl ShardMap {
 /// no more than this release places calls on, no other field but
 /// `revision`. Returns every finding.
 pub fn validate(doc: &Value) -> Result<ShardMap, Vec<Problem>> {
+    validate_up_to(doc, RELEASE_CALL_SHARDS)
+}
+
+/// [`validate`] with a cap of `cap` call shards instead of this release's
+/// (a `testing` build's `CALLFENCE_TEST_CALL_SHARDS`).
+pub fn validate_up_to(doc: &Value, cap: u64) -> Result<ShardMap, Vec<Problem>> {
     let mut problems = Problems::new();
     let mut map = ShardMap::default();
     let Some(top) = doc.as_object() else {
@@ -75,14 +81,14 @@ pub fn validate(doc: &Value) -> Result<ShardMap, Vec<Problem>> {
         problems.push("/schema", format!("must be \"{SHARDS_SCHEMA}\""));
     }
     match top.get("call_shards").and_then(Value::as_u64) {
-        Some(n) if (1..=MAX_CALL_SHARDS).contains(&n) && n <= RELEASE_CALL_SHARDS => {
+        Some(n) if (1..=MAX_CALL_SHARDS).contains(&n) && n <= cap => {
             map.call_shards = n;
         }
         Some(n) if (1..=MAX_CALL_SHARDS).contains(&n) => problems.push(
             "/call_shards",
             format!(
                 "{n} call shards: this release places every call in global and runs at most \
-                 {RELEASE_CALL_SHARDS}; nothing was changed"
+                 {cap}; nothing was changed"
             ),
         ),
         _ => problems.push(

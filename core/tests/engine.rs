@@ -1164,11 +1164,13 @@ fn a_shard_keeps_the_newest_view_and_a_restarted_directory_s_first_view_wins() {
 #[test]
 fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history() {
     const HOUR: i64 = 3_600_000;
-    let w = World::new();
-    let directory = w.engine.directory();
-    let retention = w.engine.config().timing.retention_ms;
-    assert_eq!(directory.shard_map().unwrap(), (0, ShardMap::default()));
-    let (rev, doc) = w.engine.get_document(DocKind::Shards, None).unwrap();
+    let engine = World::new().engine;
+    let retention = engine.config().timing.retention_ms;
+    assert_eq!(
+        engine.directory().shard_map().unwrap(),
+        (0, ShardMap::default())
+    );
+    let (rev, doc) = engine.get_document(DocKind::Shards, None).unwrap();
     assert_eq!(
         (rev, doc),
         (
@@ -1176,13 +1178,14 @@ fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history(
             json!({"schema": SHARDS_SCHEMA, "call_shards": 1, "revision": 0})
         )
     );
-    let floor = |at: i64| directory.rollback_floor(at, retention).unwrap();
-    assert_eq!(floor(T0), RollbackFloor::V1_3);
+    let floor =
+        |e: &Engine<SqliteStore>, at: i64| e.directory().rollback_floor(at, retention).unwrap();
+    assert_eq!(floor(&engine, T0), RollbackFloor::V1_3);
 
     // This release refuses to widen the map, and nothing is stored.
-    let put = |n: u64, if_match: &str, at: i64| {
+    let put = |e: &Engine<SqliteStore>, n: u64, if_match: &str, at: i64| {
         let doc = json!({"schema": SHARDS_SCHEMA, "call_shards": n});
-        w.engine.put_document(
+        e.put_document(
             DocKind::Shards,
             doc.to_string().as_bytes(),
             Some(if_match),
@@ -1191,31 +1194,39 @@ fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history(
         )
     };
     assert!(
-        matches!(put(4, "\"0\"", T0), Err(DocError::InvalidDocument(p)) if p[0].path == "/call_shards")
+        matches!(put(&engine, 4, "\"0\"", T0), Err(DocError::InvalidDocument(p)) if p[0].path == "/call_shards")
     );
-    assert_eq!(put(1, "\"0\"", T0), Ok(1));
-    assert_eq!(floor(T0 + HOUR), RollbackFloor::V1_3);
+    assert_eq!(put(&engine, 1, "\"0\"", T0), Ok(1));
+    assert_eq!(floor(&engine, T0 + HOUR), RollbackFloor::V1_3);
 
     // A later release grew the map to 4 (its row as that release stores it);
-    // rolled back to this one, the map in force is told as it is.
+    // rolled back to this one (new objects, their caches empty), the map in
+    // force is told as it is.
     let wide = json!({"schema": SHARDS_SCHEMA, "call_shards": 4}).to_string();
-    w.engine
+    engine
         .store()
         .exec(
             "INSERT INTO documents (kind, revision, body, written_at, writer_fp) VALUES ('shards', 2, ?, ?, 't')",
             &[Value::Text(wide), Value::Int(T0 + HOUR)],
         )
         .unwrap();
+    let engine = Engine::new(engine.into_store(), EngineConfig::default());
     assert_eq!(
-        directory.shard_map().unwrap(),
+        engine.directory().shard_map().unwrap(),
         (2, ShardMap { call_shards: 4 })
     );
-    assert_eq!(floor(T0 + 2 * HOUR), RollbackFloor::V1_4);
+    assert_eq!(floor(&engine, T0 + 2 * HOUR), RollbackFloor::V1_4);
     // Shrunk back to one: the floor stays until the retention has passed.
     let shrunk_at = T0 + 3 * HOUR;
-    assert_eq!(put(1, "\"2\"", shrunk_at), Ok(3));
-    assert_eq!(floor(shrunk_at + retention - 1), RollbackFloor::V1_4);
-    assert_eq!(floor(shrunk_at + retention + 1), RollbackFloor::V1_3);
+    assert_eq!(put(&engine, 1, "\"2\"", shrunk_at), Ok(3));
+    assert_eq!(
+        floor(&engine, shrunk_at + retention - 1),
+        RollbackFloor::V1_4
+    );
+    assert_eq!(
+        floor(&engine, shrunk_at + retention + 1),
+        RollbackFloor::V1_3
+    );
 }
 
 /// A call shard's own object (`calls-k`, SPEC §16) knows nothing until its

@@ -108,6 +108,8 @@ pub struct Caches(Cache);
 pub struct Directory<S: Store> {
     store: S,
     allow_plaintext: bool,
+    /// The most call shards a map may name here.
+    call_shards_cap: u64,
     cache: RefCell<Cache>,
 }
 
@@ -118,8 +120,15 @@ impl<S: Store> Directory<S> {
         Self {
             store,
             allow_plaintext,
+            call_shards_cap: crate::shard_map::RELEASE_CALL_SHARDS,
             cache: RefCell::new(Cache::default()),
         }
+    }
+
+    /// The same directory, taking maps of up to `cap` call shards.
+    pub fn capped_at(mut self, cap: u64) -> Self {
+        self.call_shards_cap = cap;
+        self
     }
 
     /// The storage backend.

@@ -107,6 +107,25 @@ impl<S: Store> CallShard<S> {
         })
     }
 
+    /// The holder rule for a node's request about session `id` (a fence, a
+    /// claim, a media check): where the Worker must go first when this
+    /// shard does not hold the session and may not create it; `None` when
+    /// it holds it, or is its home with every other possible holder proven
+    /// absent (a fence or a media check is then refused here as unknown,
+    /// and a claim may create the session).
+    pub fn redirect_for(
+        &self,
+        id: &str,
+        arrival: &Arrival,
+    ) -> Result<Option<Redirect>, EngineError> {
+        self.unit(|| {
+            let Some(Ingress::Redirect(redirect)) = self.holder_check(id, arrival)? else {
+                return Ok(None);
+            };
+            Ok(self.q().session(id)?.is_none().then_some(redirect))
+        })
+    }
+
     /// The holder rule for a session not held here: `None` when this shard
     /// may create it now, else where the Worker must go first. Runs inside
     /// the webhook's unit.

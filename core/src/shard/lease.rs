@@ -131,6 +131,11 @@ impl<S: Store> CallShard<S> {
         std::mem::take(&mut *self.wants.borrow_mut())
     }
 
+    /// True when a decision since the last ask found a node's cap reached.
+    pub fn wants_room(&self) -> bool {
+        !self.wants.borrow().is_empty()
+    }
+
     /// A decision found `node`'s cap reached: the next ask asks for room.
     pub(crate) fn want(&self, node: &str) {
         let mut wants = self.wants.borrow_mut();

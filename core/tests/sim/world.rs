@@ -192,6 +192,7 @@ impl World {
             } else {
                 1_000
             },
+            ..EngineConfig::default()
         };
         let nodes = NODES
             .iter()
