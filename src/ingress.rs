@@ -34,18 +34,17 @@ use crate::clock::now_ms;
 use crate::config::Ingress as IngressConfig;
 use crate::forward::{self, CARRIED_HEADERS};
 use crate::log::RequestLog;
-use crate::protocol::{self, Held, Next, Reply, Request as ProtocolRequest, Unavailable};
+use crate::placing;
+use crate::protocol::{self, Next, Reply, Request as ProtocolRequest, Unavailable};
 use crate::reply::{Answer, ApiError};
 use callfence_core::delivery::Delivery;
-use callfence_core::engine::{Delivered, Forward, Holds, MapNotice, ReportEffect};
-use callfence_core::locate::{Locate, Transmit, MAX_REQUESTS};
+use callfence_core::engine::{Delivered, Forward, ReportEffect};
 use callfence_core::outcome::EarlyAnswer;
 use callfence_core::refusal::Refusal;
 use callfence_core::telnyx::Envelope;
 use futures_channel::oneshot;
 use futures_util::future::{select, Either};
 use serde_json::json;
-use std::cell::Cell;
 use std::time::Duration;
 use worker::{Context, Delay, Env, Request};
 
@@ -159,78 +158,34 @@ async fn decide(
     }
 }
 
-/// Sends a webhook to its session's holder (SPEC §16): to its home under
-/// the newest map this isolate knows, following redirects and asking
-/// around as core's [`Locate`] says, within [`MAX_REQUESTS`] requests and
-/// by `answer_by`. A webhook that names no session goes to `global`.
+/// Sends a webhook to its session's holder (SPEC §16, [`placing`]); a
+/// webhook that names no session goes to `global`.
 async fn place(env: &Env, webhook: Webhook, answer_by: i64) -> Result<Reply<Next>, Unavailable> {
     let session = webhook.envelope.session_hint().map(str::to_owned);
-    let mut locate = session.as_deref().map(|id| Locate::new(id, known_map()));
-    let mut request = ProtocolRequest::Webhook {
+    let request = ProtocolRequest::Webhook {
         envelope: Some(webhook.envelope),
         headers: webhook.headers,
         received_at_ms: Some(webhook.received_at_ms),
         map: None,
         absent: None,
     };
-    let Some(locate) = &mut locate else {
+    let Some(session) = session else {
         let left = answer_by - now_ms();
         return protocol::call_within(env, &request, &webhook.body, left).await;
     };
-    loop {
-        let left = answer_by - now_ms();
-        match locate.poll_transmit() {
-            None => {
-                return Err(Unavailable(format!(
-                    "no holder found within {MAX_REQUESTS} requests"
-                )))
-            }
-            Some(Transmit::Webhook { shard, arrival }) => {
-                if let ProtocolRequest::Webhook { map, absent, .. } = &mut request {
-                    (*map, *absent) = (arrival.map, arrival.absent);
-                }
-                match protocol::call_shard_within(env, shard, &request, &webhook.body, left).await {
-                    Ok(Reply::Done(Next::Redirect(redirect))) => {
-                        locate.handle_redirect(redirect);
-                        remember_map(locate.map());
-                    }
-                    answered => return answered,
-                }
-            }
-            Some(Transmit::Holds { shard, map }) => {
-                let call_session_id = locate.session().to_owned();
-                let holds = ProtocolRequest::Holds {
-                    call_session_id,
-                    map,
-                };
-                match protocol::call_shard_within::<Held>(env, shard, &holds, b"", left).await? {
-                    Reply::Done(Held { held: true }) => locate.handle_holds(Holds::Held),
-                    Reply::Done(Held { held: false }) => locate.handle_holds(Holds::Absent),
-                    Reply::Refused(refused) => return Ok(Reply::Refused(refused)),
-                }
-            }
-        }
-    }
-}
-
-thread_local! {
-    /// The newest shard map this isolate has seen in a redirect.
-    static KNOWN_MAP: Cell<MapNotice> = Cell::new(MapNotice::default());
-}
-
-/// The newest shard map this isolate knows (the map before any `PUT` until
-/// a shard answers with a newer one).
-fn known_map() -> MapNotice {
-    KNOWN_MAP.with(Cell::get)
-}
-
-/// Keeps `map` when it is newer than the one known.
-fn remember_map(map: MapNotice) {
-    KNOWN_MAP.with(|known| {
-        if map.supersedes(&known.get()) {
-            known.set(map);
-        }
-    });
+    let redirect_of = |next: &Next| match next {
+        Next::Redirect(redirect) => Some(redirect.clone()),
+        Next::Forward(_) | Next::Answer(_) => None,
+    };
+    placing::to_holder(
+        env,
+        &session,
+        request,
+        &webhook.body,
+        answer_by,
+        redirect_of,
+    )
+    .await
 }
 
 /// The carrier's answer from a hop that did not hand back a forward.

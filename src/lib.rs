@@ -18,6 +18,8 @@
 //! - [`forward`]: one forward to an origin, with the assertion.
 //! - [`subrequest`]: the Worker's outgoing POSTs, on the runtime's `RequestInit`.
 //! - [`node_routes`]: heartbeat, fence, claims, media checks.
+//! - [`placing`]: a request about one session sent to the call shard that
+//!   holds it (SPEC §16).
 //! - [`probe`]: the L5 probe `POST /v1/nodes/probe` (SPEC §14).
 //! - [`panel`]: documents, preview, status, decisions, calls.
 //! - [`dashboard`]: the read-only page at `/`.
@@ -57,6 +59,7 @@ pub mod metrics;
 pub mod node_keys;
 pub mod node_routes;
 pub mod panel;
+pub mod placing;
 pub mod probe;
 pub mod protocol;
 pub mod reply;

@@ -3,6 +3,8 @@
 //! reads (`/v1/calls`, `/v1/events`).
 
 use crate::auth::Caller;
+use crate::clock::now_ms;
+use crate::placing;
 use crate::protocol::{self, DocumentRead, Reply, Request as ProtocolRequest, Written};
 use crate::reply::{relay, Answer, ApiError};
 use crate::routes::{valid_call_id, Route};
@@ -81,7 +83,11 @@ pub async fn handle(
             call_session_id: query(req, "call_session_id").filter(|id| id.len() <= 256),
             after: number(req, "after")?,
         },
-        Route::Call(id) => ProtocolRequest::Call { id: id.clone() },
+        Route::Call(id) => ProtocolRequest::Call {
+            id: id.clone(),
+            map: None,
+            absent: None,
+        },
         Route::Calls => ProtocolRequest::Calls {
             limit: limit(req)?,
             after: match query(req, "after") {
@@ -95,6 +101,13 @@ pub async fn handle(
         },
         _ => return Err(ApiError::not_found()),
     };
+    if let ProtocolRequest::Call { id, .. } = &request {
+        // One call's record is read at the shard that holds it (SPEC §16).
+        let (id, answer_by) = (id.clone(), now_ms() + protocol::DEADLINE_MS as i64);
+        return relay(
+            placing::to_holder(env, &id, request, &body, answer_by, placing::redirect_in).await,
+        );
+    }
     relay(protocol::call(env, &request, &body).await)
 }
 

@@ -78,7 +78,7 @@
 //! `dispatcher::ops::Refusal`.
 
 use callfence_core::document::DocKind;
-use callfence_core::engine::{Forward, ForwardMark, Lease, LeaseAsk, NodeKey, Report};
+use callfence_core::engine::{Arrival, Forward, ForwardMark, Lease, LeaseAsk, NodeKey, Report};
 use callfence_core::messages::{MapNotice, Redirect};
 use callfence_core::refusal::Refusal;
 use callfence_core::telnyx::Envelope;
@@ -202,6 +202,13 @@ pub enum Request {
         node: String,
         /// `Callfence-Key-Id`.
         kid: String,
+        /// The newest shard map the Worker knows, and the shards that
+        /// answered absent for the session (SPEC §16; as for `Webhook`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        map: Option<MapNotice>,
+        /// See `map`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        absent: Option<(u64, Vec<u32>)>,
     },
     /// A node claims a session it dialled.
     Claim {
@@ -209,6 +216,13 @@ pub enum Request {
         node: String,
         /// `Callfence-Key-Id`.
         kid: String,
+        /// The newest shard map the Worker knows, and the shards that
+        /// answered absent for the session (SPEC §16; as for `Webhook`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        map: Option<MapNotice>,
+        /// See `map`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        absent: Option<(u64, Vec<u32>)>,
     },
     /// A node checks a media token.
     MediaVerify {
@@ -216,6 +230,13 @@ pub enum Request {
         node: String,
         /// `Callfence-Key-Id`.
         kid: String,
+        /// The newest shard map the Worker knows, and the shards that
+        /// answered absent for the session (SPEC §16; as for `Webhook`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        map: Option<MapNotice>,
+        /// See `map`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        absent: Option<(u64, Vec<u32>)>,
     },
     /// Read a document.
     GetDocument {
@@ -273,6 +294,13 @@ pub enum Request {
     Call {
         /// The call session id.
         id: String,
+        /// The newest shard map the Worker knows, and the shards that
+        /// answered absent for the session (SPEC §16; as for `Webhook`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        map: Option<MapNotice>,
+        /// See `map`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        absent: Option<(u64, Vec<u32>)>,
     },
     /// A scrape (SPEC §17): the object's metric samples. Adds the
     /// scraping Worker isolate's pending count of refused webhooks first,
@@ -354,9 +382,9 @@ impl Request {
     pub fn caller(&self) -> Option<(&str, &str)> {
         match self {
             Request::Heartbeat { node, kid, .. }
-            | Request::Fence { node, kid }
-            | Request::Claim { node, kid }
-            | Request::MediaVerify { node, kid }
+            | Request::Fence { node, kid, .. }
+            | Request::Claim { node, kid, .. }
+            | Request::MediaVerify { node, kid, .. }
             | Request::Probe { node, kid } => Some((node, kid)),
             Request::Ping
             | Request::NodeKeys
@@ -377,6 +405,37 @@ impl Request {
             | Request::CountRefused { .. } => None,
             #[cfg(feature = "testing")]
             Request::Profile | Request::WritesOnly { .. } => None,
+        }
+    }
+
+    /// Sets what the Worker knows of the shard map on a request about one
+    /// session (a webhook, a node's request, a call read); others have
+    /// none.
+    pub fn set_arrival(&mut self, arrival: Arrival) {
+        match self {
+            Request::Webhook { map, absent, .. }
+            | Request::Fence { map, absent, .. }
+            | Request::Claim { map, absent, .. }
+            | Request::MediaVerify { map, absent, .. }
+            | Request::Call { map, absent, .. } => {
+                (*map, *absent) = (arrival.map, arrival.absent);
+            }
+            _ => {}
+        }
+    }
+
+    /// What the Worker knows of the shard map, as a request carries it.
+    pub fn arrival(&self) -> Arrival {
+        match self {
+            Request::Webhook { map, absent, .. }
+            | Request::Fence { map, absent, .. }
+            | Request::Claim { map, absent, .. }
+            | Request::MediaVerify { map, absent, .. }
+            | Request::Call { map, absent, .. } => Arrival {
+                map: *map,
+                absent: absent.clone(),
+            },
+            _ => Arrival::default(),
         }
     }
 
@@ -946,6 +1005,8 @@ mod tests {
         Request::Fence {
             node: "M1".into(),
             kid: "k1".into(),
+            map: None,
+            absent: None,
         }
     }
 

@@ -16,6 +16,7 @@ mod object;
 mod ops;
 #[cfg(feature = "testing")]
 pub mod profile;
+mod role;
 pub mod store;
 
 pub use object::Dispatcher;

@@ -9,17 +9,17 @@ use super::deliver;
 use super::ops::{self, Served};
 #[cfg(feature = "testing")]
 use super::profile::{OpProfile, Profile};
+use super::role;
 use super::store::DoStore;
 use crate::clock::now_ms;
 use crate::config::Config;
-use crate::protocol::{self, encode_refusal};
+use crate::protocol;
 use callfence_core::delivery::Delivery;
 use callfence_core::engine::{Engine, EngineError};
-use callfence_core::refusal::Refusal;
 use callfence_core::store::migrate;
-use std::cell::Cell;
 #[cfg(feature = "testing")]
 use std::cell::RefCell;
+use std::cell::{Cell, OnceCell};
 use worker::{durable_object, DurableObject, Env, Request, Response, Result, State};
 
 /// The Dispatcher Durable Object (class `Dispatcher`, bound as `DISPATCHER`).
@@ -27,7 +27,9 @@ use worker::{durable_object, DurableObject, Env, Request, Response, Result, Stat
 pub struct Dispatcher {
     state: State,
     env: Env,
-    engine: Engine<DoStore>,
+    /// The engine of the shard this object is (see [`role`]), built at its
+    /// first request.
+    engine: OnceCell<Engine<DoStore>>,
     /// When the alarm is known to be armed (None: unknown, ask storage).
     armed_at: Cell<Option<i64>>,
     /// The outcome of applying the migrations at construction.
@@ -39,18 +41,13 @@ pub struct Dispatcher {
 
 impl DurableObject for Dispatcher {
     fn new(state: State, env: Env) -> Self {
-        let config = Config::get(&env);
-        let store = DoStore::new(&state);
-        let migrated = migrate(&store, now_ms())
+        let migrated = migrate(&DoStore::new(&state), now_ms())
             .map(|_| ())
             .map_err(|e| e.to_string());
-        #[cfg(feature = "testing")]
-        store.arm_fault_switch(config.test.fail_unit_after_writes);
-        let engine = Engine::new(store, config.engine());
         Self {
             state,
             env,
-            engine,
+            engine: OnceCell::new(),
             armed_at: Cell::new(None),
             migrated,
             #[cfg(feature = "testing")]
@@ -65,27 +62,29 @@ impl DurableObject for Dispatcher {
                 "schema migration failed: {problem}"
             )));
         }
-        #[cfg(feature = "testing")]
-        let (arrived, spent_before) = (now_ms(), self.engine.store().spent());
         let url = req.url()?;
-        match url.host_str().and_then(protocol::shard_of) {
-            Some(0) => {}
-            // This release places every call in `global` (the map is capped
-            // at one shard): another shard's object decides nothing.
-            Some(_) => return answer(200, encode_refusal(&Refusal::DispatcherUnavailable)),
-            None => {
-                return answer(
-                    400,
-                    protocol::encode_rejected(protocol::MessageError::UnknownOp),
-                )
-            }
-        }
+        let Some(shard) = url.host_str().and_then(protocol::shard_of) else {
+            return answer(
+                400,
+                protocol::encode_rejected(protocol::MessageError::UnknownOp),
+            );
+        };
+        let engine = self.engine(Some(shard))?;
+        #[cfg(feature = "testing")]
+        let (arrived, spent_before) = (now_ms(), engine.store().spent());
         let url_op = url.path().trim_start_matches('/');
         let body = req.bytes().await?;
         let message = match protocol::decode_request(url_op, &body) {
             Ok(message) => message,
             Err(error) => return answer(400, protocol::encode_rejected(error)),
         };
+        if !role::serves(engine, &message.request) {
+            return answer(
+                400,
+                protocol::encode_rejected(protocol::MessageError::UnknownOp),
+            );
+        }
+        role::lease(engine, &self.env, &message.request).await;
         let decoded = now_ms();
         let config = Config::get(&self.env);
         #[cfg(feature = "testing")]
@@ -99,18 +98,22 @@ impl DurableObject for Dispatcher {
             );
         }
         let media = config.node_routes.as_ref().ok().map(|n| &n.media);
-        #[cfg(feature = "testing")]
-        let served = ops::serve(
-            &self.engine,
-            media,
-            &self.profile.borrow(),
-            &message,
-            decoded,
-        );
-        #[cfg(not(feature = "testing"))]
-        let served = ops::serve(&self.engine, media, &message, decoded);
+        let serve = |now: i64| {
+            #[cfg(feature = "testing")]
+            let served = ops::serve(engine, media, &self.profile.borrow(), &message, now);
+            #[cfg(not(feature = "testing"))]
+            let served = ops::serve(engine, media, &message, now);
+            served.map_err(rust_error)
+        };
+        let mut served = serve(decoded)?;
+        if role::wants_room(engine, &message.request, &served) {
+            // A call shard found a node's cap reached: it asks for room
+            // and decides the parked event again under the new lease.
+            role::renew(engine, &self.env).await;
+            served = serve(now_ms())?;
+        }
         #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-        let (reply, origin_ms) = match served.map_err(rust_error)? {
+        let (reply, origin_ms) = match served {
             Served::Reply(reply) => (reply, 0),
             Served::Deliver {
                 forward,
@@ -121,7 +124,7 @@ impl DurableObject for Dispatcher {
                     .as_ref()
                     .map_err(|_| worker::Error::RustError("ingress is misconfigured".into()))?;
                 let delivered = deliver::deliver(
-                    &self.engine,
+                    engine,
                     &ingress.edge,
                     i64::from(ingress.forward_timeout_ms),
                     *forward,
@@ -140,7 +143,7 @@ impl DurableObject for Dispatcher {
                 // Yield to the event loop, as a forward does, so the first
                 // unit commits on its own before the second.
                 worker::Delay::from(std::time::Duration::ZERO).await;
-                self.engine
+                engine
                     .writes_only_deliver(&id, now_ms())
                     .map_err(rust_error)?;
                 (
@@ -149,19 +152,21 @@ impl DurableObject for Dispatcher {
                 )
             }
         };
+        role::send_marks(engine, &self.env).await;
         if message.request.acknowledges() {
-            self.acknowledged().await?;
+            self.acknowledged(engine).await?;
         }
         #[cfg(feature = "testing")]
         let served = now_ms();
         #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
         let alarm_api_calls = if message.request.changes_state() {
-            self.arm().await?
+            self.arm(engine).await?
         } else {
             0
         };
         #[cfg(feature = "testing")]
         self.record(
+            engine,
             message.request.op(),
             Marks {
                 arrived,
@@ -176,11 +181,12 @@ impl DurableObject for Dispatcher {
     }
 
     async fn alarm(&self) -> Result<Response> {
+        let engine = self.engine(None)?;
         #[cfg(feature = "testing")]
-        let (arrived, spent_before) = (now_ms(), self.engine.store().spent());
+        let (arrived, spent_before) = (now_ms(), engine.store().spent());
         self.armed_at.set(None);
-        let work = self
-            .engine
+        role::renew(engine, &self.env).await;
+        let work = engine
             .poll_alarm(now_ms())
             .map_err(|e| worker::Error::RustError(e.to_string()))?;
         let config = Config::get(&self.env);
@@ -189,19 +195,21 @@ impl DurableObject for Dispatcher {
             let budget = i64::from(ingress.forward_timeout_ms);
             for f in work.forwards {
                 let mut redrive = Delivery::redrive(f, budget);
-                origin_ms += deliver::drive(&self.engine, &ingress.edge, &mut redrive)
+                origin_ms += deliver::drive(engine, &ingress.edge, &mut redrive)
                     .await
                     .map_err(rust_error)?;
             }
         }
         #[cfg(not(feature = "testing"))]
         let _ = origin_ms;
+        role::send_marks(engine, &self.env).await;
         #[cfg(feature = "testing")]
         let armed = now_ms();
         #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-        let alarm_api_calls = self.arm().await?;
+        let alarm_api_calls = self.arm(engine).await?;
         #[cfg(feature = "testing")]
         self.record(
+            engine,
             "alarm",
             Marks {
                 arrived,
@@ -230,8 +238,8 @@ struct Marks {
 #[cfg(feature = "testing")]
 impl Dispatcher {
     /// Adds one request of `op` to the profile; it ends now.
-    fn record(&self, op: &'static str, m: Marks) {
-        let (statements, sql_ms) = self.engine.store().spent();
+    fn record(&self, engine: &Engine<DoStore>, op: &'static str, m: Marks) {
+        let (statements, sql_ms) = engine.store().spent();
         let done = now_ms();
         self.profile.borrow_mut().record(
             op,
@@ -251,13 +259,32 @@ impl Dispatcher {
 }
 
 impl Dispatcher {
+    /// The engine of the shard this object is: `shard` as the request's URL
+    /// names it, kept in storage at the first request so that the alarm
+    /// (`None`) knows it too.
+    fn engine(&self, shard: Option<u32>) -> Result<&Engine<DoStore>> {
+        if let Some(engine) = self.engine.get() {
+            return Ok(engine);
+        }
+        let store = DoStore::new(&self.state);
+        let shard = role::settle_shard(&store, shard).map_err(rust_error)?;
+        let config = Config::get(&self.env);
+        #[cfg(feature = "testing")]
+        store.arm_fault_switch(config.test.fail_unit_after_writes);
+        let engine = match shard {
+            0 => Engine::new(store, config.engine()),
+            k => Engine::call_shard(store, config.engine(), k),
+        };
+        Ok(self.engine.get_or_init(|| engine))
+    }
+
     /// Waits until a change of the directory this request made (or one
     /// still pending) is in force in every call shard: every lease granted
     /// before it has lapsed (SPEC §16, `Engine::acknowledge_at`). At once
     /// when no other shard holds a lease.
-    async fn acknowledged(&self) -> Result<()> {
+    async fn acknowledged(&self, engine: &Engine<DoStore>) -> Result<()> {
         let now = now_ms();
-        let at = self.engine.acknowledge_at(now).map_err(rust_error)?;
+        let at = engine.acknowledge_at(now).map_err(rust_error)?;
         if at > now {
             let wait = std::time::Duration::from_millis((at - now) as u64);
             worker::Delay::from(wait).await;
@@ -268,10 +295,9 @@ impl Dispatcher {
     /// Arms the alarm for the earliest pending work, unless it is already
     /// armed for earlier (known from memory, else asked of storage once).
     /// Returns how many calls it made to the runtime's alarm API.
-    async fn arm(&self) -> Result<u64> {
+    async fn arm(&self, engine: &Engine<DoStore>) -> Result<u64> {
         let now = now_ms();
-        let next = self
-            .engine
+        let next = engine
             .next_alarm_at(now)
             .map_err(|e| worker::Error::RustError(e.to_string()))?;
         let Some(at) = next else {

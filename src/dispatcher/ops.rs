@@ -98,6 +98,13 @@ pub fn serve<S: Store>(
             ))));
         }
     }
+    if let Some(id) = session_of(request, payload, media, now_ms) {
+        if let Some(redirect) = engine.redirect_for(&id, &request.arrival())? {
+            return Ok(Served::Reply(protocol::encode_done(&Next::Redirect(
+                redirect,
+            ))));
+        }
+    }
     let outcome = match request {
         Request::Ping => {
             let directory = engine.directory();
@@ -180,7 +187,7 @@ pub fn serve<S: Store>(
             counting::heartbeat(engine.metrics(), node, beat.as_ref().err());
             beat.and_then(|answer| done(&answer))
         }
-        Request::Fence { node, kid } => match media {
+        Request::Fence { node, kid, .. } => match media {
             None => Err(Refusal::Misconfigured("node_routes")),
             Some(media) => match parse(payload, FenceRequest::parse) {
                 Err(refusal) => Err(refusal),
@@ -197,7 +204,7 @@ pub fn serve<S: Store>(
                 }
             },
         },
-        Request::Claim { node, kid } => match parse(payload, ClaimRequest::parse) {
+        Request::Claim { node, kid, .. } => match parse(payload, ClaimRequest::parse) {
             Err(refusal) => Err(refusal),
             Ok(req) => match engine.handle_claim(caller(node, kid), &req, now_ms)? {
                 ClaimReply::Claimed {
@@ -217,7 +224,7 @@ pub fn serve<S: Store>(
                 ClaimReply::NotRegistered => Err(Refusal::NodeAuth(NodeAuthError::UnknownNodeKey)),
             },
         },
-        Request::MediaVerify { node, kid } => match media {
+        Request::MediaVerify { node, kid, .. } => match media {
             None => Err(Refusal::Misconfigured("node_routes")),
             Some(media) => match parse(payload, MediaVerifyRequest::parse) {
                 Err(refusal) => Err(refusal),
@@ -267,7 +274,7 @@ pub fn serve<S: Store>(
         } => done(&engine.decisions(*limit, call_session_id.as_deref(), *after)?),
         Request::Calls { limit, after } => done(&engine.calls(after.as_deref(), *limit)?),
         Request::Events { limit, after } => done(&engine.events(*after, *limit)?),
-        Request::Call { id } => match engine.call(id)? {
+        Request::Call { id, .. } => match engine.call(id)? {
             Some(call) => done(&call),
             None => Err(Refusal::UnknownCall),
         },
@@ -356,6 +363,29 @@ fn webhook<S: Store>(
         // Not this shard's to create (SPEC §16): the Worker goes on.
         Ingress::Redirect(redirect) => Ok(Next::Redirect(redirect)),
     })
+}
+
+/// The session a node's request is about (a fence's or a claim's body, a
+/// media token's claims) or a call read names, when it can be read: where
+/// the holder rule applies (SPEC §16). A body that cannot be read is refused by its own
+/// operation.
+fn session_of(
+    request: &Request,
+    payload: &[u8],
+    media: Option<&MediaKeys>,
+    now_ms: i64,
+) -> Option<String> {
+    match request {
+        Request::Fence { .. } => FenceRequest::parse(payload).ok().map(|r| r.call_session_id),
+        Request::Claim { .. } => ClaimRequest::parse(payload).ok().map(|r| r.call_session_id),
+        Request::MediaVerify { .. } => {
+            let token = MediaVerifyRequest::parse(payload).ok()?.media_token;
+            let claims = callfence_core::media::verify(media?, &token, now_ms).ok()?;
+            Some(claims.call_session_id)
+        }
+        Request::Call { id, .. } => Some(id.clone()),
+        _ => None,
+    }
 }
 
 /// The caller of a node request. The engine re-checks the pair against its
@@ -517,11 +547,15 @@ mod tests {
         let fence = Request::Fence {
             node: "M1".into(),
             kid: "k1".into(),
+            map: None,
+            absent: None,
         };
         assert_eq!(refusal(run(&e, fence, "{}")), (503, "misconfigured".into()));
         let claim = Request::Claim {
             node: "M1".into(),
             kid: "k1".into(),
+            map: None,
+            absent: None,
         };
         assert_eq!(refusal(run(&e, claim, "nope")), (400, "bad_request".into()));
     }
@@ -540,14 +574,20 @@ mod tests {
                 Request::Fence {
                     node: node.clone(),
                     kid: kid.clone(),
+                    map: None,
+                    absent: None,
                 },
                 Request::Claim {
                     node: node.clone(),
                     kid: kid.clone(),
+                    map: None,
+                    absent: None,
                 },
                 Request::MediaVerify {
                     node: node.clone(),
                     kid: kid.clone(),
+                    map: None,
+                    absent: None,
                 },
             ];
             for op in ops {

@@ -1,0 +1,131 @@
+//! Which shard an object is (SPEC §16), and what a call shard's own object
+//! (`calls-k`, k ≥ 1) does around each request: it serves only the call
+//! path and its reads, asks `global` for a lease before a request that
+//! decides or checks a node's key, and sends `global` the forward marks
+//! its requests left in the shard's outbox. `global` does none of this: its
+//! shard reads the directory in the same object.
+
+use super::ops::Served;
+use super::store::DoStore;
+use crate::clock::now_ms;
+use crate::protocol::{self, Leased, Reply, Request};
+use callfence_core::engine::{Engine, EngineError};
+use callfence_core::shard::ShardOutput;
+use callfence_core::store::{Store, Value};
+
+/// The counter that keeps a call shard's number in its own storage.
+const SHARD_COUNTER: &str = "object_shard";
+
+/// The shard this object is: the one its first request's URL named, kept
+/// in storage so that an alarm (`named` is `None`) knows it. `global` keeps
+/// nothing (an object with no number stored is `global`, as every object
+/// before v1.4 was). A request naming another shard than the one stored is
+/// refused: one object is one shard for its whole life.
+pub fn settle_shard(store: &DoStore, named: Option<u32>) -> Result<u32, EngineError> {
+    let read = store.exec(
+        "SELECT value FROM counters WHERE name = ?",
+        &[Value::from(SHARD_COUNTER)],
+    )?;
+    let stored = read
+        .first()
+        .and_then(|row| row.first())
+        .and_then(Value::as_int)
+        .map(|k| k as u32);
+    match (stored, named) {
+        (Some(k), Some(n)) if k != n => Err(EngineError::Corrupt(format!(
+            "object of shard {k} asked as shard {n}"
+        ))),
+        (None, Some(k)) if k > 0 => {
+            store.exec(
+                "INSERT INTO counters (name, value) VALUES (?, ?)",
+                &[Value::from(SHARD_COUNTER), Value::Int(i64::from(k))],
+            )?;
+            Ok(k)
+        }
+        (stored, named) => Ok(stored.or(named).unwrap_or(0)),
+    }
+}
+
+/// True when this object serves `request`: `global` serves every one; a
+/// call shard serves the call path, its questions and its reads.
+pub fn serves(engine: &Engine<DoStore>, request: &Request) -> bool {
+    engine.shard().index() == 0
+        || matches!(
+            request,
+            Request::Webhook { .. }
+                | Request::Holds { .. }
+                | Request::Fence { .. }
+                | Request::Claim { .. }
+                | Request::MediaVerify { .. }
+                | Request::Status
+                | Request::Decisions { .. }
+                | Request::Call { .. }
+                | Request::Calls { .. }
+                | Request::Events { .. }
+        )
+}
+
+/// Before a request that decides or checks a node's key, a call shard
+/// renews its lease when due ([`renew`]).
+pub async fn lease(engine: &Engine<DoStore>, env: &worker::Env, request: &Request) {
+    if matches!(
+        request,
+        Request::Webhook { .. }
+            | Request::Fence { .. }
+            | Request::Claim { .. }
+            | Request::MediaVerify { .. }
+            | Request::Status
+    ) {
+        renew(engine, env).await;
+    }
+}
+
+/// True when a call shard answered a webhook without a forward because a
+/// decision found a node's cap reached: a new lease may give the room it
+/// lacked, and the parked event is decided again (a claim is not: its
+/// second run would spend the node's rate twice; the node retries).
+pub fn wants_room(engine: &Engine<DoStore>, request: &Request, served: &Served) -> bool {
+    let shard = engine.shard();
+    shard.index() != 0
+        && matches!(request, Request::Webhook { .. })
+        && matches!(served, Served::Reply(_))
+        && shard.wants_room()
+}
+
+/// A call shard whose lease is due asks `global` for a new one. An ask
+/// that fails leaves it with none: its decisions then find no room and
+/// park (the carrier retries), and its node requests find no key, until a
+/// later ask succeeds. Nothing is decided on a view it does not hold.
+pub async fn renew(engine: &Engine<DoStore>, env: &worker::Env) {
+    let shard = engine.shard();
+    if !shard.lease_due(now_ms()) {
+        return;
+    }
+    let Ok(ask) = shard.lease_ask(false) else {
+        return;
+    };
+    let request = Request::LeaseAsk { ask };
+    if let Ok(Reply::Done(Leased { lease: Some(lease) })) =
+        protocol::call::<Leased>(env, &request, b"").await
+    {
+        shard.handle_lease(lease);
+    }
+}
+
+/// Sends `global` the forward marks a call shard's requests left in its
+/// outbox, oldest first; one that cannot be sent goes back, first, for the
+/// next request to send.
+pub async fn send_marks(engine: &Engine<DoStore>, env: &worker::Env) {
+    let shard = engine.shard();
+    if shard.index() == 0 {
+        return;
+    }
+    while let Some(ShardOutput::Mark(mark)) = shard.poll_output() {
+        let request = Request::Mark { mark: mark.clone() };
+        let sent = protocol::call::<serde_json::Value>(env, &request, b"").await;
+        if !matches!(sent, Ok(Reply::Done(_))) {
+            shard.retry_output(ShardOutput::Mark(mark));
+            return;
+        }
+    }
+}

@@ -1,0 +1,135 @@
+// Calls spread over call shards (SPEC §16) through the real Worker and
+// real Durable Objects: `global` and `calls-1` … `calls-3`, each its own
+// object with its own SQLite storage, the call shards deciding under
+// leases from `global`. This release caps the map at one shard; a testing
+// build's CALLFENCE_TEST_CALL_SHARDS lifts the cap so that these tests run
+// the shards' objects.
+//
+// A session is placed on shard jump(h, N) (h: the first 8 bytes of
+// SHA-256 of its id), computed here as the contract states it, so each
+// test knows which object holds what.
+
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { sha256Hex } from "./harness.mjs";
+import { admin, callEvent, fence, setupCluster, webhook } from "./fixtures.mjs";
+
+const SCHEMA = "callfence_shards_v1";
+const LINE = "+15102160079";
+const MASK = (1n << 64n) - 1n;
+
+/** Lamping and Veach's jump hash of the session's SHA-256 prefix. */
+function home(session, shards) {
+  let key = BigInt(`0x${sha256Hex(session).slice(0, 16)}`);
+  let b = -1n;
+  let j = 0n;
+  while (j < BigInt(shards)) {
+    b = j;
+    key = (key * 2862933555777941757n + 1n) & MASK;
+    j = BigInt(Math.floor(Number(b + 1n) * (2 ** 31 / Number((key >> 33n) + 1n))));
+  }
+  return Number(b < 0n ? 0n : b);
+}
+
+/** A session id (with `tag`) placed on shard `k` of `shards`. */
+function sessionOn(k, shards, tag) {
+  for (let i = 0; ; i++) {
+    const id = `v3:${tag}-${i}`;
+    if (home(id, shards) === k) return id;
+  }
+}
+
+async function putMap(edge, callShards) {
+  const current = (await admin(edge, "/v1/shards")).body.revision;
+  return admin(edge, "/v1/shards", {
+    method: "PUT",
+    headers: { "content-type": "application/json", "if-match": `"${current}"` },
+    body: JSON.stringify({ schema: SCHEMA, call_shards: callShards }),
+  });
+}
+
+const initiated = (session) => callEvent("call.initiated", { session, leg: `leg-${session}`, from: "+12125550199", to: LINE });
+
+describe("call shards: four objects, one holder per session", () => {
+  let cluster;
+  let edge;
+  before(async () => {
+    cluster = await setupCluster({ nodes: ["M1"], bindings: { CALLFENCE_TEST_CALL_SHARDS: "4" } });
+    edge = cluster.edge;
+    const put = await putMap(edge, 4);
+    assert.equal(put.status, 200, JSON.stringify(put.body));
+  });
+  after(() => cluster?.dispose());
+
+  test("the placement this test computes is the contract's", () => {
+    // Values of the reference jump hash (Lamping and Veach; go-jump).
+    const jump = (key, n) => {
+      let b = -1n;
+      let j = 0n;
+      while (j < BigInt(n)) {
+        b = j;
+        key = (key * 2862933555777941757n + 1n) & MASK;
+        j = BigInt(Math.floor(Number(b + 1n) * (2 ** 31 / Number((key >> 33n) + 1n))));
+      }
+      return Number(b);
+    };
+    assert.equal(jump(MASK, 10), 9);
+    assert.equal(jump(MASK, 100), 92);
+  });
+
+  test("a session on each shard is forwarded, fenced and read back by its holder, once", async () => {
+    const m1 = cluster.nodes.M1;
+    for (let k = 0; k < 4; k++) {
+      const session = sessionOn(k, 4, "each");
+      const event = initiated(session);
+      const before = m1.origin.requests.length;
+      const got = await webhook(edge, event);
+      assert.equal(got.status, 200, `shard ${k}: ${JSON.stringify(got.body)}`);
+      assert.equal(got.body.delivered_to, "M1", `shard ${k}`);
+      const epoch = got.body.epoch;
+      // The same delivery again: deduplicated at the holder, not sent twice.
+      const again = await webhook(edge, event);
+      assert.deepEqual([again.status, again.body.epoch], [200, epoch], `shard ${k}`);
+      assert.equal(m1.origin.requests.length, before + 1, `shard ${k}: one forward`);
+      const granted = await fence(edge, m1, { call_session_id: session, call_control_id: `leg-${session}`, epoch });
+      assert.equal(granted.status, 200, `shard ${k}: ${JSON.stringify(granted.body)}`);
+      // Asked again, the holder gives the same grant; a stale epoch none.
+      const twice = await fence(edge, m1, { call_session_id: session, call_control_id: `leg-${session}`, epoch });
+      assert.deepEqual([twice.status, twice.body.command_id], [200, granted.body.command_id], `shard ${k}`);
+      const stale = await fence(edge, m1, { call_session_id: session, call_control_id: `leg-${session}`, epoch: epoch + 1 });
+      assert.equal(stale.status, 409, `shard ${k}: ${JSON.stringify(stale.body)}`);
+      const record = await admin(edge, `/v1/calls/${session}`);
+      assert.equal(record.status, 200, `shard ${k}: ${JSON.stringify(record.body)}`);
+    }
+  });
+
+  test("a shrink under live calls moves no session: their events still reach their holders", async () => {
+    const m1 = cluster.nodes.M1;
+    // Live calls on shards 2 and 3, then the map shrinks to 2 shards.
+    const live = [sessionOn(2, 4, "live"), sessionOn(3, 4, "live")];
+    const epochs = [];
+    for (const session of live) {
+      const got = await webhook(edge, initiated(session));
+      assert.equal(got.status, 200, JSON.stringify(got.body));
+      epochs.push(got.body.epoch);
+    }
+    const put = await putMap(edge, 2);
+    assert.equal(put.status, 200, JSON.stringify(put.body));
+    for (const [i, session] of live.entries()) {
+      const before = m1.origin.requests.length;
+      const answered = callEvent("call.answered", { session, leg: `leg-${session}`, from: "+12125550199", to: LINE });
+      const got = await webhook(edge, answered);
+      assert.equal(got.status, 200, JSON.stringify(got.body));
+      assert.deepEqual([got.body.delivered_to, got.body.epoch], ["M1", epochs[i]], "the holder's owner and epoch");
+      assert.equal(m1.origin.requests.length, before + 1);
+      const granted = await fence(edge, m1, { call_session_id: session, call_control_id: `leg-${session}`, epoch: epochs[i] });
+      assert.equal(granted.status, 200, JSON.stringify(granted.body));
+    }
+    // A new session now lands on one of the two shards left, once.
+    const fresh = sessionOn(1, 2, "fresh");
+    const got = await webhook(edge, initiated(fresh));
+    assert.equal(got.status, 200, JSON.stringify(got.body));
+    const record = await admin(edge, `/v1/calls/${fresh}`);
+    assert.equal(record.status, 200, JSON.stringify(record.body));
+  });
+});
