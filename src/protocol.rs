@@ -55,6 +55,7 @@
 //! | `Webhook` (`envelope`, `headers`, `received_at_ms`, `map`?, `absent`?) | the raw webhook body | [`Next`]: a forward made and its answer, the carrier's answer, or a [`Redirect`] (SPEC §16) |
 //! | `Holds` (`call_session_id`, `map`) | none | [`Held`] |
 //! | `LeaseAsk` (`ask`), to `global` | none | [`Leased`] |
+//! | `Reclaim`, to a call shard | none | `{}`, once it asked for a lease wanting no spare room |
 //! | `Mark` (`mark`), to `global` | none | `{}` |
 //! | `Report` (`report`) | none | [`Next`] (a reassigned call's next forward) |
 //! | `Heartbeat` (`node`, `kid`, `signed_at_s`) | the beat | the heartbeat answer (§6), relayed |
@@ -177,6 +178,10 @@ pub enum Request {
         /// The ask.
         ask: LeaseAsk,
     },
+    /// `global` asks a call shard to report its open calls and give up its
+    /// spare room: it asks for a new lease wanting none
+    /// ([`callfence_core::directory::Directory::poll_reclaim`]).
+    Reclaim,
     /// A call shard's forward mark, to `global`.
     Mark {
         /// The mark.
@@ -354,6 +359,7 @@ impl Request {
             Request::Webhook { .. } => "webhook",
             Request::Holds { .. } => "holds",
             Request::LeaseAsk { .. } => "lease_ask",
+            Request::Reclaim => "reclaim",
             Request::Mark { .. } => "mark",
             Request::Report { .. } => "report",
             Request::Heartbeat { .. } => "heartbeat",
@@ -391,6 +397,7 @@ impl Request {
             | Request::Webhook { .. }
             | Request::Holds { .. }
             | Request::LeaseAsk { .. }
+            | Request::Reclaim
             | Request::Mark { .. }
             | Request::Report { .. }
             | Request::GetDocument { .. }
@@ -467,6 +474,7 @@ impl Request {
             Request::Ping
             | Request::NodeKeys
             | Request::Holds { .. }
+            | Request::Reclaim
             | Request::MediaVerify { .. }
             | Request::GetDocument { .. }
             | Request::Preview

@@ -153,6 +153,7 @@ impl DurableObject for Dispatcher {
             }
         };
         role::send_marks(engine, &self.env).await;
+        role::reclaim(engine, &self.env).await;
         if message.request.acknowledges() {
             self.acknowledged(engine).await?;
         }
@@ -203,6 +204,7 @@ impl DurableObject for Dispatcher {
         #[cfg(not(feature = "testing"))]
         let _ = origin_ms;
         role::send_marks(engine, &self.env).await;
+        role::reclaim(engine, &self.env).await;
         #[cfg(feature = "testing")]
         let armed = now_ms();
         #[cfg_attr(not(feature = "testing"), allow(unused_variables))]

@@ -169,6 +169,8 @@ pub fn serve<S: Store>(
         Request::LeaseAsk { ask } => done(&Leased {
             lease: engine.handle_lease_ask(ask, now_ms)?,
         }),
+        // The object asked for its lease before serving (`role::lease`).
+        Request::Reclaim => done(&json!({})),
         Request::Mark { mark } => {
             engine.handle_mark(mark.clone(), now_ms)?;
             done(&json!({}))

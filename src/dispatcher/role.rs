@@ -54,6 +54,7 @@ pub fn serves(engine: &Engine<DoStore>, request: &Request) -> bool {
             request,
             Request::Webhook { .. }
                 | Request::Holds { .. }
+                | Request::Reclaim
                 | Request::Fence { .. }
                 | Request::Claim { .. }
                 | Request::MediaVerify { .. }
@@ -66,9 +67,12 @@ pub fn serves(engine: &Engine<DoStore>, request: &Request) -> bool {
 }
 
 /// Before a request that decides or checks a node's key, a call shard
-/// renews its lease when due ([`renew`]).
+/// renews its lease when due ([`renew`]); asked to report
+/// ([`Request::Reclaim`]), it asks for one wanting no spare room.
 pub async fn lease(engine: &Engine<DoStore>, env: &worker::Env, request: &Request) {
-    if matches!(
+    if matches!(request, Request::Reclaim) {
+        ask(engine, env, true).await;
+    } else if matches!(
         request,
         Request::Webhook { .. }
             | Request::Fence { .. }
@@ -97,11 +101,19 @@ pub fn wants_room(engine: &Engine<DoStore>, request: &Request, served: &Served) 
 /// park (the carrier retries), and its node requests find no key, until a
 /// later ask succeeds. Nothing is decided on a view it does not hold.
 pub async fn renew(engine: &Engine<DoStore>, env: &worker::Env) {
+    if engine.shard().lease_due(now_ms()) {
+        ask(engine, env, false).await;
+    }
+}
+
+/// Asks `global` for a lease (`reclaimed`: wanting no spare room) and takes
+/// the answer.
+async fn ask(engine: &Engine<DoStore>, env: &worker::Env, reclaimed: bool) {
     let shard = engine.shard();
-    if !shard.lease_due(now_ms()) {
+    if shard.index() == 0 {
         return;
     }
-    let Ok(ask) = shard.lease_ask(false) else {
+    let Ok(ask) = shard.lease_ask(reclaimed) else {
         return;
     };
     let request = Request::LeaseAsk { ask };
@@ -109,6 +121,27 @@ pub async fn renew(engine: &Engine<DoStore>, env: &worker::Env) {
         protocol::call::<Leased>(env, &request, b"").await
     {
         shard.handle_lease(lease);
+    }
+}
+
+/// In `global`: asks each call shard the directory named as holding room
+/// that another shard wants to report, so that the room comes back (SPEC
+/// §16, `Directory::poll_reclaim`). A shard that cannot be reached keeps
+/// its room until it next asks.
+pub async fn reclaim(engine: &Engine<DoStore>, env: &worker::Env) {
+    if engine.shard().index() != 0 {
+        return;
+    }
+    while let Some(k) = engine.poll_reclaim() {
+        let deadline = protocol::DEADLINE_MS as i64;
+        let _ = protocol::call_shard_within::<serde_json::Value>(
+            env,
+            k,
+            &Request::Reclaim,
+            b"",
+            deadline,
+        )
+        .await;
     }
 }
 

@@ -12,7 +12,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { sha256Hex } from "./harness.mjs";
-import { admin, callEvent, fence, setupCluster, webhook } from "./fixtures.mjs";
+import { admin, callEvent, fence, setupCluster, waitFor, webhook } from "./fixtures.mjs";
 
 const SCHEMA = "callfence_shards_v1";
 const LINE = "+15102160079";
@@ -131,5 +131,59 @@ describe("call shards: four objects, one holder per session", () => {
     assert.equal(got.status, 200, JSON.stringify(got.body));
     const record = await admin(edge, `/v1/calls/${fresh}`);
     assert.equal(record.status, 200, JSON.stringify(record.body));
+  });
+});
+
+describe("call shards: capacity is exact across shards", () => {
+  let cluster;
+  let edge;
+  before(async () => {
+    cluster = await setupCluster({
+      nodes: ["M1"],
+      perNode: { M1: { max_calls: 2 } },
+      bindings: { CALLFENCE_TEST_CALL_SHARDS: "4" },
+    });
+    edge = cluster.edge;
+    const put = await putMap(edge, 4);
+    assert.equal(put.status, 200, JSON.stringify(put.body));
+  });
+  after(() => cluster?.dispose());
+
+  test("a node of max_calls 2 gets two calls over four shards, and a third only after a hangup", async () => {
+    // One new call on each shard: leases from global cap what each may give M1.
+    const sessions = [0, 1, 2, 3].map((k) => sessionOn(k, 4, "cap"));
+    const answers = [];
+    for (const session of sessions) answers.push(await webhook(edge, initiated(session)));
+    const delivered = answers.filter((a) => a.status === 200 && a.body.delivered_to === "M1");
+    assert.equal(delivered.length, 2, JSON.stringify(answers.map((a) => [a.status, a.body])));
+    for (const a of answers.filter((a) => a.status !== 200)) {
+      assert.deepEqual([a.status, a.body.error], [503, "no_eligible_node"], JSON.stringify(a.body));
+    }
+    // Carrier retries while the node is full: still never a third call.
+    const parked = sessions.filter((_, i) => answers[i].status !== 200);
+    for (const session of parked) {
+      const again = await webhook(edge, initiated(session));
+      assert.notEqual(again.status, 200, JSON.stringify(again.body));
+    }
+    // The call held by a shard other than global hangs up: global learns it
+    // only when it asks that shard to report (its room reclaimed), and one
+    // parked call, on whichever shard asks first, then gets M1.
+    const ended = sessions.find((s, i) => answers[i].status === 200 && home(s, 4) !== 0);
+    assert.ok(ended, "a call held outside global");
+    const hangup = await webhook(edge, callEvent("call.hangup", { session: ended, leg: `leg-${ended}` }));
+    assert.equal(hangup.status, 200, JSON.stringify(hangup.body));
+    const owners = async () => {
+      const records = await Promise.all(parked.map((id) => admin(edge, `/v1/calls/${id}`)));
+      return records.map((r) => r.body?.owner ?? null);
+    };
+    const placed = await waitFor(
+      async () => {
+        const now = await owners();
+        return now.includes("M1") ? now : null;
+      },
+      { timeout: 15000, interval: 200, what: "a parked call assigned once room is back" },
+    );
+    // Exactly one: M1 is at its limit again.
+    assert.deepEqual(placed.filter((o) => o === "M1").length, 1, JSON.stringify(placed));
   });
 });

@@ -173,14 +173,16 @@ impl<S: Store> Directory<S> {
     }
 
     /// Queues, for [`Directory::poll_reclaim`], every shard but `except`
-    /// holding spare room (a cap above its open calls) on one of `nodes`.
+    /// that may hold room on one of `nodes`: a cap or open calls there (a
+    /// call it reported open may have ended since, which the directory
+    /// learns only when the shard reports).
     pub fn reclaim_spare(&self, nodes: &[String], except: Option<u32>) -> Result<(), EngineError> {
         let rows = self.lease_rows()?;
         let spare = rows.iter().filter(|r| {
             Some(r.shard) != except
                 && nodes
                     .iter()
-                    .any(|n| r.caps.get(n).unwrap_or(0) > r.open.get(n).unwrap_or(0))
+                    .any(|n| r.caps.get(n).unwrap_or(0) > 0 || r.open.get(n).unwrap_or(0) > 0)
         });
         let shards: Vec<u32> = spare.map(|r| r.shard).collect();
         let queue = &mut self.cache.borrow_mut().reclaim;
