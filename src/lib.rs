@@ -31,6 +31,7 @@
 //!
 //! Dispatcher:
 //! - [`protocol`]: the typed, versioned Worker ↔ Dispatcher messages.
+//! - [`span`]: the status and decision reads that span call shards.
 //!   Every refusal is core's [`Refusal`]
 //!   (code, status, fields), encoded on this wire or answered as HTTP by
 //!   [`reply::Answer::refusal`].
@@ -65,6 +66,7 @@ pub mod protocol;
 pub mod reply;
 pub mod request_url;
 pub mod routes;
+pub mod span;
 pub mod subrequest;
 
 use crate::config::{Capability, Config};

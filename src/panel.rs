@@ -8,6 +8,7 @@ use crate::placing;
 use crate::protocol::{self, DocumentRead, Reply, Request as ProtocolRequest, Written};
 use crate::reply::{relay, Answer, ApiError};
 use crate::routes::{valid_call_id, Route};
+use crate::span;
 use callfence_core::document::DocKind;
 use callfence_core::refusal::Refusal;
 use serde_json::json;
@@ -77,12 +78,19 @@ pub async fn handle(
             };
         }
         Route::Preview => ProtocolRequest::Preview,
-        Route::Status => ProtocolRequest::Status,
-        Route::Decisions => ProtocolRequest::Decisions {
-            limit: limit(req)?,
-            call_session_id: query(req, "call_session_id").filter(|id| id.len() <= 256),
-            after: number(req, "after")?,
-        },
+        Route::Status => return span::status(env).await,
+        Route::Decisions => {
+            let (limit, after) = (limit(req)?, number(req, "after")?);
+            let call_session_id = query(req, "call_session_id").filter(|id| id.len() <= 256);
+            if after.is_none() {
+                return span::decisions(env, limit, call_session_id).await;
+            }
+            ProtocolRequest::Decisions {
+                limit,
+                call_session_id,
+                after,
+            }
+        }
         Route::Call(id) => ProtocolRequest::Call {
             id: id.clone(),
             map: None,

@@ -55,6 +55,7 @@
 //! | `Webhook` (`envelope`, `headers`, `received_at_ms`, `map`?, `absent`?) | the raw webhook body | [`Next`]: a forward made and its answer, the carrier's answer, or a [`Redirect`] (SPEC §16) |
 //! | `Holds` (`call_session_id`, `map`) | none | [`Held`] |
 //! | `LeaseAsk` (`ask`), to `global` | none | [`Leased`] |
+//! | `Map`, to `global` | none | [`MapInForce`] |
 //! | `Reclaim`, to a call shard | none | `{}`, once it asked for a lease wanting no spare room |
 //! | `Mark` (`mark`), to `global` | none | `{}` |
 //! | `Report` (`report`) | none | [`Next`] (a reassigned call's next forward) |
@@ -178,6 +179,9 @@ pub enum Request {
         /// The ask.
         ask: LeaseAsk,
     },
+    /// The shard map in force as the call shards hold it, with its history
+    /// (for a read that spans shards), from `global`.
+    Map,
     /// `global` asks a call shard to report its open calls and give up its
     /// spare room: it asks for a new lease wanting none
     /// ([`callfence_core::directory::Directory::poll_reclaim`]).
@@ -360,6 +364,7 @@ impl Request {
             Request::Holds { .. } => "holds",
             Request::LeaseAsk { .. } => "lease_ask",
             Request::Reclaim => "reclaim",
+            Request::Map => "map",
             Request::Mark { .. } => "mark",
             Request::Report { .. } => "report",
             Request::Heartbeat { .. } => "heartbeat",
@@ -398,6 +403,7 @@ impl Request {
             | Request::Holds { .. }
             | Request::LeaseAsk { .. }
             | Request::Reclaim
+            | Request::Map
             | Request::Mark { .. }
             | Request::Report { .. }
             | Request::GetDocument { .. }
@@ -475,6 +481,7 @@ impl Request {
             | Request::NodeKeys
             | Request::Holds { .. }
             | Request::Reclaim
+            | Request::Map
             | Request::MediaVerify { .. }
             | Request::GetDocument { .. }
             | Request::Preview
@@ -753,6 +760,14 @@ pub struct Leased {
     /// The lease granted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<Lease>,
+}
+
+/// [`Request::Map`]'s result (the notice has a `v` of its own, so it
+/// travels under a key, not beside the answer's `v`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapInForce {
+    /// The map in force, with its history.
+    pub map: MapNotice,
 }
 
 /// [`Request::Holds`]'s result.
@@ -1055,6 +1070,12 @@ mod tests {
         };
         let message = decode_request("webhook", &encode_request(&webhook, b"{}")).unwrap();
         assert_eq!(message.request, webhook);
+        // A notice's own `v` travels under `map`, apart from the answer's.
+        let answer = encode_done(&MapInForce { map });
+        assert_eq!(
+            decode_reply(200, answer.as_bytes()),
+            Ok(Reply::Done(MapInForce { map }))
+        );
         // A version 1 Dispatcher is sent neither.
         let v1 = String::from_utf8(encode_request_v1(&webhook, b"{}").unwrap()).unwrap();
         assert!(

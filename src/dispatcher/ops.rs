@@ -8,8 +8,8 @@ use super::counting;
 use super::profile::Profile;
 use crate::protocol::encode_refusal;
 use crate::protocol::{
-    self, DocumentRead, Documents, Held, Leased, MapState, Message, Next, NodeKeys, Present,
-    ProbeTarget, Request, Scraped, Written,
+    self, DocumentRead, Documents, Held, Leased, MapInForce, MapState, Message, Next, NodeKeys,
+    Present, ProbeTarget, Request, Scraped, Written,
 };
 use callfence_core::admission;
 use callfence_core::engine::{
@@ -168,6 +168,9 @@ pub fn serve<S: Store>(
         }),
         Request::LeaseAsk { ask } => done(&Leased {
             lease: engine.handle_lease_ask(ask, now_ms)?,
+        }),
+        Request::Map => done(&MapInForce {
+            map: engine.map_notice(now_ms)?,
         }),
         // The object asked for its lease before serving (`role::lease`).
         Request::Reclaim => done(&json!({})),

@@ -187,3 +187,38 @@ describe("call shards: capacity is exact across shards", () => {
     assert.deepEqual(placed.filter((o) => o === "M1").length, 1, JSON.stringify(placed));
   });
 });
+
+describe("call shards: reads span every shard", () => {
+  let cluster;
+  let edge;
+  before(async () => {
+    cluster = await setupCluster({ nodes: ["M1"], bindings: { CALLFENCE_TEST_CALL_SHARDS: "4" } });
+    edge = cluster.edge;
+    const put = await putMap(edge, 4);
+    assert.equal(put.status, 200, JSON.stringify(put.body));
+  });
+  after(() => cluster?.dispose());
+
+  test("status sums the open calls of every shard and decisions merge them newest first", async () => {
+    const sessions = [0, 1, 2, 3].map((k) => sessionOn(k, 4, "read"));
+    for (const session of sessions) {
+      const got = await webhook(edge, initiated(session));
+      assert.equal(got.status, 200, JSON.stringify(got.body));
+    }
+    const status = await admin(edge, "/v1/status");
+    assert.equal(status.status, 200, JSON.stringify(status.body));
+    assert.deepEqual(status.body.shards_unreachable, []);
+    assert.equal(status.body.counts.open_calls, 4, JSON.stringify(status.body.counts));
+    const m1 = status.body.nodes.find((n) => n.node === "M1");
+    assert.equal(m1.capacity.open_calls, 4, JSON.stringify(m1));
+    const decisions = await admin(edge, "/v1/decisions?limit=3");
+    assert.equal(decisions.status, 200, JSON.stringify(decisions.body));
+    assert.deepEqual(decisions.body.shards_unreachable, []);
+    assert.equal(decisions.body.decisions.length, 3);
+    const newestFirst = decisions.body.decisions.map((d) => d.at);
+    assert.deepEqual(newestFirst, [...newestFirst].sort().reverse());
+    const all = await admin(edge, "/v1/decisions");
+    const named = new Set(all.body.decisions.map((d) => d.call_session_id));
+    for (const session of sessions) assert.ok(named.has(session), `${session} in the merged decisions`);
+  });
+});

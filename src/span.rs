@@ -1,0 +1,78 @@
+//! Reads that span call shards (SPEC §16): `GET /v1/status` and
+//! `GET /v1/decisions` ask every shard that may still hold a session (0 to
+//! the widest map within the retention, which `global` names), all at
+//! once, and core's [`callfence_core::spanning`] merges what came back. A
+//! shard that does not answer is named in `shards_unreachable`; the read
+//! still answers 200 with the rest. It reaches at most N + 1 objects: the
+//! map from `global`, then each shard once.
+//!
+//! A paged decision read (`after`) is answered by `global` alone: decision
+//! ids are counted per shard in this release, so a cursor does not order
+//! them across shards.
+
+use crate::protocol::{self, strip_envelope, MapInForce, Reply, Request, View, DEADLINE_MS};
+use crate::reply::{Answer, ApiError};
+use callfence_core::engine::MapNotice;
+use callfence_core::spanning::{merge_decisions, merge_status, DecisionRead, ShardRead};
+use futures_util::future::join_all;
+use serde_json::Value;
+use worker::Env;
+
+/// The most decisions a merged read returns when no `limit` is asked
+/// (the engine's own default and bound).
+const DEFAULT_LIMIT: usize = 50;
+const MAX_LIMIT: usize = 500;
+
+/// `GET /v1/status`, summed over the shards.
+pub async fn status(env: &Env) -> Result<Answer, ApiError> {
+    let reads = read_all(env, &Request::Status).await;
+    merge_status(&reads)
+        .map(Answer::ok)
+        .ok_or_else(ApiError::dispatcher_unavailable)
+}
+
+/// `GET /v1/decisions` without `after`: every shard's newest, merged newest
+/// first, at most `limit`.
+pub async fn decisions(
+    env: &Env,
+    limit: Option<u32>,
+    call_session_id: Option<String>,
+) -> Result<Answer, ApiError> {
+    let request = Request::Decisions {
+        limit,
+        call_session_id,
+        after: None,
+    };
+    let reads = read_all(env, &request).await;
+    if reads.iter().all(|r| r.answer.is_none()) {
+        return Err(ApiError::dispatcher_unavailable());
+    }
+    let limit = limit.map_or(DEFAULT_LIMIT, |l| (l as usize).clamp(1, MAX_LIMIT));
+    Ok(Answer::ok(merge_decisions(
+        &reads,
+        limit,
+        DecisionRead::NewestFirst,
+    )))
+}
+
+/// Asks `request` of every shard the map may have placed a session on. A
+/// `global` that names no map (one release behind, or unreachable) is
+/// read alone, as before call shards.
+async fn read_all(env: &Env, request: &Request) -> Vec<ShardRead> {
+    let map = match protocol::call::<MapInForce>(env, &Request::Map, b"").await {
+        Ok(Reply::Done(MapInForce { map })) => map,
+        _ => MapNotice::default(),
+    };
+    let asks = (0..map.widest()).map(|shard| async move {
+        let deadline = DEADLINE_MS as i64;
+        let answer = protocol::call_shard_within::<View>(env, shard, request, b"", deadline).await;
+        ShardRead {
+            shard,
+            answer: match answer {
+                Ok(Reply::Done(view)) => Some(Value::Object(strip_envelope(view))),
+                _ => None,
+            },
+        }
+    });
+    join_all(asks).await
+}
