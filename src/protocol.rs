@@ -56,6 +56,7 @@
 //! | `Holds` (`call_session_id`, `map`) | none | [`Held`] |
 //! | `LeaseAsk` (`ask`), to `global` | none | [`Leased`] |
 //! | `Map`, to `global` | none | [`MapInForce`] |
+//! | `MapPush` (`map`), to a call shard | none | `{}`, the map adopted if newer |
 //! | `Reclaim`, to a call shard | none | `{}`, once it asked for a lease wanting no spare room |
 //! | `Mark` (`mark`), to `global` | none | `{}` |
 //! | `Report` (`report`) | none | [`Next`] (a reassigned call's next forward) |
@@ -182,6 +183,12 @@ pub enum Request {
     /// The shard map in force as the call shards hold it, with its history
     /// (for a read that spans shards), from `global`.
     Map,
+    /// `global` sends a call shard the map in force after a change, before
+    /// the change is answered; the shard adopts it if newer.
+    MapPush {
+        /// The map.
+        map: MapNotice,
+    },
     /// `global` asks a call shard to report its open calls and give up its
     /// spare room: it asks for a new lease wanting none
     /// ([`callfence_core::directory::Directory::poll_reclaim`]).
@@ -365,6 +372,7 @@ impl Request {
             Request::LeaseAsk { .. } => "lease_ask",
             Request::Reclaim => "reclaim",
             Request::Map => "map",
+            Request::MapPush { .. } => "map_push",
             Request::Mark { .. } => "mark",
             Request::Report { .. } => "report",
             Request::Heartbeat { .. } => "heartbeat",
@@ -404,6 +412,7 @@ impl Request {
             | Request::LeaseAsk { .. }
             | Request::Reclaim
             | Request::Map
+            | Request::MapPush { .. }
             | Request::Mark { .. }
             | Request::Report { .. }
             | Request::GetDocument { .. }
@@ -482,6 +491,7 @@ impl Request {
             | Request::Holds { .. }
             | Request::Reclaim
             | Request::Map
+            | Request::MapPush { .. }
             | Request::MediaVerify { .. }
             | Request::GetDocument { .. }
             | Request::Preview

@@ -154,6 +154,7 @@ impl DurableObject for Dispatcher {
         };
         role::send_marks(engine, &self.env).await;
         role::reclaim(engine, &self.env).await;
+        role::push_map(engine, &self.env, &message.request).await;
         if message.request.acknowledges() {
             self.acknowledged(engine).await?;
         }

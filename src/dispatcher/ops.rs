@@ -172,6 +172,10 @@ pub fn serve<S: Store>(
         Request::Map => done(&MapInForce {
             map: engine.map_notice(now_ms)?,
         }),
+        Request::MapPush { map } => {
+            engine.shard().handle_map(map)?;
+            done(&json!({}))
+        }
         // The object asked for its lease before serving (`role::lease`).
         Request::Reclaim => done(&json!({})),
         Request::Mark { mark } => {
@@ -688,6 +692,15 @@ mod tests {
             decode_reply::<Held>(200, body.as_bytes()).unwrap()
         };
         assert_eq!(holds(&id), Reply::Done(Held { held: false }));
+        // A pushed map is adopted when newer, and an older one is not.
+        let pushed = |map: MapNotice| {
+            let request = Request::MapPush { map };
+            serve(&e, None, &Profile::default(), &message(request, b""), 0).unwrap();
+            e.shard().map().unwrap()
+        };
+        let newer = MapNotice::new(2, 2, 0b1000);
+        assert_eq!(pushed(newer), newer);
+        assert_eq!(pushed(map), newer);
         // A session placed here is created (parked without a policy) and
         // then held.
         let here = (0..100)

@@ -9,6 +9,7 @@ use super::ops::Served;
 use super::store::DoStore;
 use crate::clock::now_ms;
 use crate::protocol::{self, Leased, Reply, Request};
+use callfence_core::document::DocKind;
 use callfence_core::engine::{Engine, EngineError};
 use callfence_core::shard::ShardOutput;
 use callfence_core::store::{Store, Value};
@@ -55,6 +56,7 @@ pub fn serves(engine: &Engine<DoStore>, request: &Request) -> bool {
             Request::Webhook { .. }
                 | Request::Holds { .. }
                 | Request::Reclaim
+                | Request::MapPush { .. }
                 | Request::Fence { .. }
                 | Request::Claim { .. }
                 | Request::MediaVerify { .. }
@@ -143,6 +145,37 @@ pub async fn reclaim(engine: &Engine<DoStore>, env: &worker::Env) {
         )
         .await;
     }
+}
+
+/// In `global`, after a change of the shard map: sends the map in force to
+/// every other shard a map of its history may have used, before the change
+/// is answered, so that every shard holds it (the holder rule's safety
+/// argument, `docs/sharding.md`). A shard that cannot be reached adopts
+/// the map from the next request that carries it.
+pub async fn push_map(engine: &Engine<DoStore>, env: &worker::Env, request: &Request) {
+    let changed = matches!(
+        request,
+        Request::PutDocument {
+            kind: DocKind::Shards,
+            ..
+        }
+    );
+    if !changed || engine.shard().index() != 0 {
+        return;
+    }
+    let Ok(map) = engine.map_notice(now_ms()) else {
+        return;
+    };
+    let pushes = (1..map.widest()).map(|k| {
+        let request = Request::MapPush { map };
+        async move {
+            let deadline = protocol::DEADLINE_MS as i64;
+            let _ =
+                protocol::call_shard_within::<serde_json::Value>(env, k, &request, b"", deadline)
+                    .await;
+        }
+    });
+    futures_util::future::join_all(pushes).await;
 }
 
 /// Sends `global` the forward marks a call shard's requests left in its
