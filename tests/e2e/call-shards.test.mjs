@@ -12,23 +12,27 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { sha256Hex } from "./harness.mjs";
-import { admin, callEvent, fence, setupCluster, waitFor, webhook } from "./fixtures.mjs";
+import { admin, callEvent, fence, heartbeat, setupCluster, waitFor, webhook } from "./fixtures.mjs";
 
 const SCHEMA = "callfence_shards_v1";
 const LINE = "+15102160079";
 const MASK = (1n << 64n) - 1n;
 
-/** Lamping and Veach's jump hash of the session's SHA-256 prefix. */
-function home(session, shards) {
-  let key = BigInt(`0x${sha256Hex(session).slice(0, 16)}`);
+/** Lamping and Veach's jump consistent hash of a 64-bit `key` into `n` buckets. */
+function jump(key, n) {
   let b = -1n;
   let j = 0n;
-  while (j < BigInt(shards)) {
+  while (j < BigInt(n)) {
     b = j;
     key = (key * 2862933555777941757n + 1n) & MASK;
     j = BigInt(Math.floor(Number(b + 1n) * (2 ** 31 / Number((key >> 33n) + 1n))));
   }
   return Number(b < 0n ? 0n : b);
+}
+
+/** The shard a session is placed on: jump of its SHA-256's first 8 bytes. */
+function home(session, shards) {
+  return jump(BigInt(`0x${sha256Hex(session).slice(0, 16)}`), shards);
 }
 
 /** A session id (with `tag`) placed on shard `k` of `shards`. */
@@ -48,31 +52,32 @@ async function putMap(edge, callShards) {
   });
 }
 
+/**
+ * One node, M1, and a map of four call shards in force. M1 beats
+ * `max_calls` 100 unless `perNode` sets its registry's limit.
+ */
+async function fourShards(perNode = {}) {
+  const cluster = await setupCluster({ nodes: ["M1"], perNode, bindings: { CALLFENCE_TEST_CALL_SHARDS: "4" } });
+  const beat = await heartbeat(cluster.edge, cluster.nodes.M1, { capacity: { max_calls: 100, active_calls: 0 } });
+  assert.equal(beat.status, 200, JSON.stringify(beat.body));
+  const put = await putMap(cluster.edge, 4);
+  assert.equal(put.status, 200, JSON.stringify(put.body));
+  return cluster;
+}
+
 const initiated = (session) => callEvent("call.initiated", { session, leg: `leg-${session}`, from: "+12125550199", to: LINE });
 
 describe("call shards: four objects, one holder per session", () => {
   let cluster;
   let edge;
   before(async () => {
-    cluster = await setupCluster({ nodes: ["M1"], bindings: { CALLFENCE_TEST_CALL_SHARDS: "4" } });
+    cluster = await fourShards();
     edge = cluster.edge;
-    const put = await putMap(edge, 4);
-    assert.equal(put.status, 200, JSON.stringify(put.body));
   });
   after(() => cluster?.dispose());
 
   test("the placement this test computes is the contract's", () => {
     // Values of the reference jump hash (Lamping and Veach; go-jump).
-    const jump = (key, n) => {
-      let b = -1n;
-      let j = 0n;
-      while (j < BigInt(n)) {
-        b = j;
-        key = (key * 2862933555777941757n + 1n) & MASK;
-        j = BigInt(Math.floor(Number(b + 1n) * (2 ** 31 / Number((key >> 33n) + 1n))));
-      }
-      return Number(b);
-    };
     assert.equal(jump(MASK, 10), 9);
     assert.equal(jump(MASK, 100), 92);
   });
@@ -101,6 +106,33 @@ describe("call shards: four objects, one holder per session", () => {
       const record = await admin(edge, `/v1/calls/${session}`);
       assert.equal(record.status, 200, `shard ${k}: ${JSON.stringify(record.body)}`);
     }
+  });
+
+  test("status sums the open calls of every shard, and decisions merge them newest first", async () => {
+    const open = async () => {
+      const status = await admin(edge, "/v1/status");
+      assert.equal(status.status, 200, JSON.stringify(status.body));
+      assert.deepEqual(status.body.shards_unreachable, []);
+      const m1 = status.body.nodes.find((n) => n.node === "M1");
+      assert.equal(m1.capacity.open_calls, status.body.counts.open_calls, JSON.stringify(m1));
+      return status.body.counts.open_calls;
+    };
+    const before = await open();
+    const sessions = [0, 1, 2, 3].map((k) => sessionOn(k, 4, "read"));
+    for (const session of sessions) {
+      const got = await webhook(edge, initiated(session));
+      assert.equal(got.status, 200, JSON.stringify(got.body));
+    }
+    assert.equal(await open(), before + 4, "one more open call on each shard");
+    const decisions = await admin(edge, "/v1/decisions?limit=3");
+    assert.equal(decisions.status, 200, JSON.stringify(decisions.body));
+    assert.deepEqual(decisions.body.shards_unreachable, []);
+    assert.equal(decisions.body.decisions.length, 3);
+    const newestFirst = decisions.body.decisions.map((d) => d.at);
+    assert.deepEqual(newestFirst, [...newestFirst].sort().reverse());
+    const all = await admin(edge, "/v1/decisions");
+    const named = new Set(all.body.decisions.map((d) => d.call_session_id));
+    for (const session of sessions) assert.ok(named.has(session), `${session} in the merged decisions`);
   });
 
   test("a shrink under live calls moves no session: their events still reach their holders", async () => {
@@ -132,20 +164,15 @@ describe("call shards: four objects, one holder per session", () => {
     const record = await admin(edge, `/v1/calls/${fresh}`);
     assert.equal(record.status, 200, JSON.stringify(record.body));
   });
+
 });
 
 describe("call shards: capacity is exact across shards", () => {
   let cluster;
   let edge;
   before(async () => {
-    cluster = await setupCluster({
-      nodes: ["M1"],
-      perNode: { M1: { max_calls: 2 } },
-      bindings: { CALLFENCE_TEST_CALL_SHARDS: "4" },
-    });
+    cluster = await fourShards({ M1: { max_calls: 2 } });
     edge = cluster.edge;
-    const put = await putMap(edge, 4);
-    assert.equal(put.status, 200, JSON.stringify(put.body));
   });
   after(() => cluster?.dispose());
 
@@ -185,40 +212,5 @@ describe("call shards: capacity is exact across shards", () => {
     );
     // Exactly one: M1 is at its limit again.
     assert.deepEqual(placed.filter((o) => o === "M1").length, 1, JSON.stringify(placed));
-  });
-});
-
-describe("call shards: reads span every shard", () => {
-  let cluster;
-  let edge;
-  before(async () => {
-    cluster = await setupCluster({ nodes: ["M1"], bindings: { CALLFENCE_TEST_CALL_SHARDS: "4" } });
-    edge = cluster.edge;
-    const put = await putMap(edge, 4);
-    assert.equal(put.status, 200, JSON.stringify(put.body));
-  });
-  after(() => cluster?.dispose());
-
-  test("status sums the open calls of every shard and decisions merge them newest first", async () => {
-    const sessions = [0, 1, 2, 3].map((k) => sessionOn(k, 4, "read"));
-    for (const session of sessions) {
-      const got = await webhook(edge, initiated(session));
-      assert.equal(got.status, 200, JSON.stringify(got.body));
-    }
-    const status = await admin(edge, "/v1/status");
-    assert.equal(status.status, 200, JSON.stringify(status.body));
-    assert.deepEqual(status.body.shards_unreachable, []);
-    assert.equal(status.body.counts.open_calls, 4, JSON.stringify(status.body.counts));
-    const m1 = status.body.nodes.find((n) => n.node === "M1");
-    assert.equal(m1.capacity.open_calls, 4, JSON.stringify(m1));
-    const decisions = await admin(edge, "/v1/decisions?limit=3");
-    assert.equal(decisions.status, 200, JSON.stringify(decisions.body));
-    assert.deepEqual(decisions.body.shards_unreachable, []);
-    assert.equal(decisions.body.decisions.length, 3);
-    const newestFirst = decisions.body.decisions.map((d) => d.at);
-    assert.deepEqual(newestFirst, [...newestFirst].sort().reverse());
-    const all = await admin(edge, "/v1/decisions");
-    const named = new Set(all.body.decisions.map((d) => d.call_session_id));
-    for (const session of sessions) assert.ok(named.has(session), `${session} in the merged decisions`);
   });
 });
