@@ -80,7 +80,7 @@ thread_local! {
 
 /// The newest shard map this isolate knows (the map before any `PUT` until
 /// a shard answers with a newer one).
-pub fn known_map() -> MapNotice {
+fn known_map() -> MapNotice {
     KNOWN_MAP.with(Cell::get)
 }
 

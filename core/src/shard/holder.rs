@@ -118,6 +118,14 @@ impl<S: Store> CallShard<S> {
         id: &str,
         arrival: &Arrival,
     ) -> Result<Option<Redirect>, EngineError> {
+        // The common case needs no unit: no newer map offered, and the map
+        // held makes this shard the session's only possible holder.
+        let held = self.map()?;
+        let offered_newer = arrival.map.is_some_and(|m| m.supersedes(&held));
+        let only_home = held.home(id) == self.index && held.other_homes(id, self.index).is_empty();
+        if !offered_newer && only_home {
+            return Ok(None);
+        }
         self.unit(|| {
             let Some(Ingress::Redirect(redirect)) = self.holder_check(id, arrival)? else {
                 return Ok(None);
