@@ -82,14 +82,7 @@ pub async fn handle(
         Route::Decisions => {
             let (limit, after) = (limit(req)?, number(req, "after")?);
             let call_session_id = query(req, "call_session_id").filter(|id| id.len() <= 256);
-            if after.is_none() {
-                return span::decisions(env, limit, call_session_id).await;
-            }
-            ProtocolRequest::Decisions {
-                limit,
-                call_session_id,
-                after,
-            }
+            return span::decisions(env, limit, call_session_id, after).await;
         }
         Route::Call(id) => ProtocolRequest::Call {
             id: id.clone(),

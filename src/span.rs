@@ -6,9 +6,8 @@
 //! still answers 200 with the rest. It reaches at most N + 1 objects: the
 //! map from `global`, then each shard once.
 //!
-//! A paged decision read (`after`) is answered by `global` alone: decision
-//! ids are counted per shard in this release, so a cursor does not order
-//! them across shards.
+//! A paged decision read (`after`) is merged ascending by `decision_id`,
+//! which is unique across shards (each shard's ids carry its number).
 
 use crate::protocol::{self, strip_envelope, MapInForce, Reply, Request, View, DEADLINE_MS};
 use crate::reply::{Answer, ApiError};
@@ -31,28 +30,29 @@ pub async fn status(env: &Env) -> Result<Answer, ApiError> {
         .ok_or_else(ApiError::dispatcher_unavailable)
 }
 
-/// `GET /v1/decisions` without `after`: every shard's newest, merged newest
-/// first, at most `limit`.
+/// `GET /v1/decisions`: every shard's newest merged newest first, or with
+/// `after` every shard's next page merged ascending, at most `limit`.
 pub async fn decisions(
     env: &Env,
     limit: Option<u32>,
     call_session_id: Option<String>,
+    after: Option<u64>,
 ) -> Result<Answer, ApiError> {
+    let read = match after {
+        Some(_) => DecisionRead::After,
+        None => DecisionRead::NewestFirst,
+    };
     let request = Request::Decisions {
         limit,
         call_session_id,
-        after: None,
+        after,
     };
     let reads = read_all(env, &request).await;
     if reads.iter().all(|r| r.answer.is_none()) {
         return Err(ApiError::dispatcher_unavailable());
     }
     let limit = limit.map_or(DEFAULT_LIMIT, |l| (l as usize).clamp(1, MAX_LIMIT));
-    Ok(Answer::ok(merge_decisions(
-        &reads,
-        limit,
-        DecisionRead::NewestFirst,
-    )))
+    Ok(Answer::ok(merge_decisions(&reads, limit, read)))
 }
 
 /// Asks `request` of every shard the map may have placed a session on. A

@@ -1289,6 +1289,22 @@ fn a_call_shard_s_own_object_decides_only_under_a_lease_from_global() {
         None,
         "global holds nothing of it"
     );
+    // Its decisions carry its number (SPEC §16: ids unique across shards),
+    // newest first, and a paged read finds them by id.
+    let read = calls1.decisions(None, None, None).unwrap();
+    let mine: Vec<u64> = read["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["decision_id"].as_u64().unwrap())
+        .collect();
+    assert!(
+        !mine.is_empty() && mine.iter().all(|&id| id >> 40 == 1),
+        "{mine:?}"
+    );
+    let oldest = mine[mine.len() - 1];
+    let paged = calls1.decisions(None, None, Some(oldest - 1)).unwrap();
+    assert_eq!(paged["decisions"][0]["decision_id"], oldest);
 
     // The forward times out: the mark waits in the shard's outbox until
     // the object sends it, and global's status then shows the failure.

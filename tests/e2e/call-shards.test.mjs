@@ -133,6 +133,19 @@ describe("call shards: four objects, one holder per session", () => {
     const all = await admin(edge, "/v1/decisions");
     const named = new Set(all.body.decisions.map((d) => d.call_session_id));
     for (const session of sessions) assert.ok(named.has(session), `${session} in the merged decisions`);
+    // Ids are unique across shards, so pages of 2 from the start walk every
+    // decision once, ascending.
+    const ids = all.body.decisions.map((d) => d.decision_id);
+    assert.equal(new Set(ids).size, ids.length, JSON.stringify(ids));
+    const walked = [];
+    let after = 0;
+    for (let page = 0; page < 50 && after !== null; page++) {
+      const got = await admin(edge, `/v1/decisions?after=${after}&limit=2`);
+      assert.equal(got.status, 200, JSON.stringify(got.body));
+      walked.push(...got.body.decisions.map((d) => d.decision_id));
+      after = got.body.next;
+    }
+    assert.deepEqual(walked, [...ids].sort((a, b) => a - b));
   });
 
   test("a shrink under live calls moves no session: their events still reach their holders", async () => {

@@ -35,6 +35,9 @@ pub(crate) struct Routed {
     pub chosen_clean: Option<bool>,
 }
 
+/// Where a call shard's number sits in its decision ids.
+const DECISION_SHARD_SHIFT: u32 = 40;
+
 impl Routed {
     /// The chosen node and the origin URL it is assigned with, if any.
     pub(crate) fn target(&self) -> Option<Target> {
@@ -151,9 +154,17 @@ pub(crate) fn route_session(
 }
 
 impl<S: Store> CallShard<S> {
+    /// The deployment-wide id of this shard's `counted`-th decision (SPEC
+    /// §16: unique across shards): `global`'s are its count, as before call
+    /// shards; shard k's carry k above bit 40 (below 2^53, so a JSON number
+    /// holds it exactly). A shard's ids grow with its count.
+    pub(crate) fn decision_id(&self, counted: u64) -> u64 {
+        (u64::from(self.index) << DECISION_SHARD_SHIFT) | counted
+    }
+
     /// Stores a decision built from a routing answer (or from a claim when
-    /// `routed` is `None`) under `id` (drawn now when `None`) and returns
-    /// its id.
+    /// `routed` is `None`) under the id of its count `id` (drawn now when
+    /// `None`) and returns that id.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_decision(
         &self,
@@ -166,10 +177,11 @@ impl<S: Store> CallShard<S> {
         outcome: DecisionOutcome,
         now_ms: i64,
     ) -> Result<u64, EngineError> {
-        let decision_id = match id {
+        let counted = match id {
             Some(id) => id,
             None => self.q().counters(&["decision"], &[])?[0],
         };
+        let decision_id = self.decision_id(counted);
         let (claim_sha, claim_clean) = match claim_node {
             Some(node) => {
                 let beat = view.beat(node);
