@@ -1,5 +1,6 @@
-//! The two things the Worker reads from a request's URL, its host and one
-//! query parameter, taken from the runtime's URL string as it is.
+//! The things the Worker reads from a request's URL, its host, one query
+//! parameter and a path segment's text, taken from the runtime's URL
+//! string as it is.
 //!
 //! The runtime hands every request a URL it has already parsed and
 //! serialised (WHATWG), so nothing here re-parses it. `worker::Request::url`
@@ -14,6 +15,29 @@ pub fn query_param(url: &str, name: &str) -> Option<String> {
     form_urlencoded::parse(query.as_bytes())
         .find(|(key, _)| key == name)
         .map(|(_, value)| value.into_owned())
+}
+
+/// A path segment with its `%XX` escapes decoded (`+` stays a plus, as in
+/// any path). `None` when an escape is malformed or the bytes are not
+/// UTF-8.
+pub fn path_segment(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// The host of an absolute URL (`scheme://[userinfo@]host[:port]/...`),
@@ -72,5 +96,15 @@ mod tests {
         assert_eq!(host("http://[::1]:8787/"), Some("[::1]"));
         assert_eq!(host("/v1/fence"), None);
         assert_eq!(host("https:///v1"), None);
+    }
+
+    #[test]
+    fn a_path_segment_is_percent_decoded_and_a_bad_escape_is_none() {
+        assert_eq!(path_segment("v3%3Aabc-1").as_deref(), Some("v3:abc-1"));
+        assert_eq!(path_segment("v3:abc+1").as_deref(), Some("v3:abc+1"));
+        assert_eq!(path_segment("a%2Fb").as_deref(), Some("a/b"));
+        for bad in ["%", "%3", "%zz", "%ff", "%+1"] {
+            assert_eq!(path_segment(bad), None, "{bad}");
+        }
     }
 }

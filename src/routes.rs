@@ -122,10 +122,11 @@ impl Route {
             _ => {
                 let id = path
                     .strip_prefix("/v1/calls/")
+                    .and_then(crate::request_url::path_segment)
                     .filter(|id| valid_call_id(id))
                     .ok_or_else(ApiError::not_found)?;
                 return match method {
-                    "GET" => Ok(Route::Call(id.to_owned())),
+                    "GET" => Ok(Route::Call(id)),
                     _ => Err(ApiError::method_not_allowed(&["GET"])),
                 };
             }
@@ -244,6 +245,11 @@ mod tests {
             (
                 "GET",
                 "/v1/calls/v3:abc-123",
+                Route::Call("v3:abc-123".into()),
+            ),
+            (
+                "GET",
+                "/v1/calls/v3%3Aabc-123",
                 Route::Call("v3:abc-123".into()),
             ),
         ];

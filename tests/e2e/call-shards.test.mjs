@@ -103,7 +103,8 @@ describe("call shards: four objects, one holder per session", () => {
       assert.deepEqual([twice.status, twice.body.command_id], [200, granted.body.command_id], `shard ${k}`);
       const stale = await fence(edge, m1, { call_session_id: session, call_control_id: `leg-${session}`, epoch: epoch + 1 });
       assert.equal(stale.status, 409, `shard ${k}: ${JSON.stringify(stale.body)}`);
-      const record = await admin(edge, `/v1/calls/${session}`);
+      // Percent-encoded as a client library sends it: the same record.
+      const record = await admin(edge, `/v1/calls/${encodeURIComponent(session)}`);
       assert.equal(record.status, 200, `shard ${k}: ${JSON.stringify(record.body)}`);
     }
   });
