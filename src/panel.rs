@@ -89,13 +89,13 @@ pub async fn handle(
             map: None,
             absent: None,
         },
-        Route::Calls => ProtocolRequest::Calls {
-            limit: limit(req)?,
-            after: match query(req, "after") {
+        Route::Calls => {
+            let after = match query(req, "after") {
                 Some(id) if !valid_call_id(&id) => return Err(bad_parameter("after")),
                 after => after,
-            },
-        },
+            };
+            return span::calls(env, limit(req)?, after).await;
+        }
         Route::Events => ProtocolRequest::Events {
             limit: limit(req)?,
             after: number(req, "after")?,

@@ -1,5 +1,5 @@
-//! Reads that span call shards (SPEC §16): `GET /v1/status` and
-//! `GET /v1/decisions` ask every shard that may still hold a session (0 to
+//! Reads that span call shards (SPEC §16): `GET /v1/status`,
+//! `GET /v1/decisions` and `GET /v1/calls` ask every shard that may still hold a session (0 to
 //! the widest map within the retention, which `global` names), all at
 //! once, and core's [`callfence_core::spanning`] merges what came back. A
 //! shard that does not answer is named in `shards_unreachable`; the read
@@ -12,15 +12,13 @@
 use crate::protocol::{self, strip_envelope, MapInForce, Reply, Request, View, DEADLINE_MS};
 use crate::reply::{Answer, ApiError};
 use callfence_core::engine::MapNotice;
-use callfence_core::spanning::{merge_decisions, merge_status, DecisionRead, ShardRead};
+use callfence_core::shard::{DEFAULT_LIMIT, MAX_LIMIT, MAX_PAGE};
+use callfence_core::spanning::{
+    merge_calls, merge_decisions, merge_status, DecisionRead, ShardRead,
+};
 use futures_util::future::join_all;
 use serde_json::Value;
 use worker::Env;
-
-/// The most decisions a merged read returns when no `limit` is asked
-/// (the engine's own default and bound).
-const DEFAULT_LIMIT: usize = 50;
-const MAX_LIMIT: usize = 500;
 
 /// `GET /v1/status`, summed over the shards.
 pub async fn status(env: &Env) -> Result<Answer, ApiError> {
@@ -51,8 +49,23 @@ pub async fn decisions(
     if reads.iter().all(|r| r.answer.is_none()) {
         return Err(ApiError::dispatcher_unavailable());
     }
-    let limit = limit.map_or(DEFAULT_LIMIT, |l| (l as usize).clamp(1, MAX_LIMIT));
+    let limit = limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT) as usize;
     Ok(Answer::ok(merge_decisions(&reads, limit, read)))
+}
+
+/// `GET /v1/calls`: every shard's next page of whole calls after `after`,
+/// merged ascending by id, at most `limit`.
+pub async fn calls(
+    env: &Env,
+    limit: Option<u32>,
+    after: Option<String>,
+) -> Result<Answer, ApiError> {
+    let reads = read_all(env, &Request::Calls { limit, after }).await;
+    if reads.iter().all(|r| r.answer.is_none()) {
+        return Err(ApiError::dispatcher_unavailable());
+    }
+    let limit = limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_PAGE) as usize;
+    Ok(Answer::ok(merge_calls(&reads, limit)))
 }
 
 /// Asks `request` of every shard the map may have placed a session on. A

@@ -29,6 +29,10 @@
 //!   repeat some only when a shard's `next` is below what was kept).
 //!   A page that names unreachable shards skipped theirs: retry it.
 //!
+//! `GET /v1/calls` ([`merge_calls`]): `{"calls":[...],"next":id|null}`,
+//! ascending by `call_session_id`; the merged page stops at the smallest
+//! `next` a shard gave, so paging repeats and skips nothing.
+//!
 //! `GET /v1/status` ([`merge_status`]) starts from the *base*, the answer
 //! of the lowest reachable shard (shard 0, the directory, when it answers;
 //! every shard sees the same directory view):
@@ -146,6 +150,56 @@ pub fn merge_decisions(reads: &[ShardRead], limit: usize, read: DecisionRead) ->
     }
     out["shards_unreachable"] = json!(missing);
     out
+}
+
+/// Merges every shard's `GET /v1/calls` page, each asked with the same
+/// `after` and `limit` (the clamped limit): ascending by
+/// `call_session_id`, at most `limit`, and never past the smallest `next`
+/// a shard gave (its unread calls all lie above it). The merged `next` is
+/// the last call kept when any was left out or a shard has more, so the
+/// page that follows repeats none and skips none.
+pub fn merge_calls(reads: &[ShardRead], limit: usize) -> Json {
+    let (mut calls, mut bound, mut missing) = (Vec::new(), None::<&str>, Vec::new());
+    for r in by_shard(reads) {
+        let page = r.answer.as_ref().and_then(|a| {
+            let listed: Option<Vec<(&str, &Json)>> = a
+                .get("calls")?
+                .as_array()?
+                .iter()
+                .map(|c| Some((c.get("call_session_id")?.as_str()?, c)))
+                .collect();
+            let next = match a.get("next") {
+                Some(Json::String(next)) => Some(next.as_str()),
+                Some(Json::Null) | None => None,
+                Some(_) => return None,
+            };
+            Some((listed?, next))
+        });
+        match page {
+            Some((listed, next)) => {
+                calls.extend(listed);
+                bound = match (bound, next) {
+                    (Some(b), Some(n)) => Some(b.min(n)),
+                    (b, n) => b.or(n),
+                };
+            }
+            None => missing.push(r.shard),
+        }
+    }
+    calls.sort_by(|a, b| a.0.cmp(b.0));
+    calls.dedup_by(|a, b| a.0 == b.0);
+    let kept: Vec<&(&str, &Json)> = calls
+        .iter()
+        .filter(|(id, _)| bound.is_none_or(|b| *id <= b))
+        .take(limit.max(1))
+        .collect();
+    let more = kept.len() < calls.len() || bound.is_some();
+    let next = match kept.last() {
+        Some((last, _)) if more => Json::from(*last),
+        _ => Json::Null,
+    };
+    let list: Vec<Json> = kept.iter().map(|(_, c)| (*c).clone()).collect();
+    json!({ "calls": list, "next": next, "shards_unreachable": missing })
 }
 
 /// A node's open calls in one shard's status.
@@ -391,5 +445,76 @@ mod tests {
         assert_eq!(merged["nodes"][0]["heartbeat_age_s"], json!(99));
         assert_eq!(merged["counts"]["open_calls"], json!(7));
         assert_eq!(merged["shards_unreachable"], json!([0]));
+    }
+
+    fn calls(ids: &[&str], next: Option<&str>) -> Json {
+        let list: Vec<Json> = ids
+            .iter()
+            .map(|id| json!({"call_session_id": id}))
+            .collect();
+        json!({"calls": list, "next": next})
+    }
+
+    fn call_ids(merged: &Json) -> Vec<&str> {
+        merged["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["call_session_id"].as_str().unwrap())
+            .collect()
+    }
+
+    /// Pages of 2 walk every shard's calls once, ascending, however the
+    /// ids interleave: the merged page stops at a full shard's cursor.
+    #[test]
+    fn calls_page_across_shards_without_repeat_or_gap() {
+        let shards: [Vec<&str>; 3] = [
+            vec!["a", "d", "e", "h"],
+            vec!["b", "c"],
+            vec!["f", "g", "i"],
+        ];
+        let (mut walked, mut after) = (Vec::new(), String::new());
+        for _ in 0..20 {
+            let reads: Vec<ShardRead> = shards
+                .iter()
+                .enumerate()
+                .map(|(k, all)| {
+                    let page: Vec<&str> = all
+                        .iter()
+                        .copied()
+                        .filter(|id| *id > after.as_str())
+                        .take(2)
+                        .collect();
+                    let next = (page.len() == 2).then(|| page[1]);
+                    read(k as u32, calls(&page, next))
+                })
+                .collect();
+            let merged = merge_calls(&reads, 2);
+            walked.extend(call_ids(&merged).into_iter().map(str::to_owned));
+            match merged["next"].as_str() {
+                Some(next) => after = next.to_owned(),
+                None => break,
+            }
+        }
+        assert_eq!(walked, ["a", "b", "c", "d", "e", "f", "g", "h", "i"]);
+        // One shard with a full page: more may follow.
+        let one = merge_calls(&[read(0, calls(&["a", "b"], Some("b")))], 2);
+        assert_eq!(one["next"], "b");
+    }
+
+    #[test]
+    fn a_calls_page_names_an_unreachable_shard_and_keeps_the_rest() {
+        let reads = [
+            read(0, calls(&["a"], None)),
+            ShardRead {
+                shard: 1,
+                answer: None,
+            },
+            read(2, json!({"calls": "nope"})),
+        ];
+        let merged = merge_calls(&reads, 50);
+        assert_eq!(call_ids(&merged), ["a"]);
+        assert_eq!(merged["next"], Json::Null);
+        assert_eq!(merged["shards_unreachable"], json!([1, 2]));
     }
 }

@@ -147,6 +147,18 @@ describe("call shards: four objects, one holder per session", () => {
       after = got.body.next;
     }
     assert.deepEqual(walked, [...ids].sort((a, b) => a - b));
+    // Whole calls, paged 2 at a time over every shard: each once, ascending.
+    const seen = [];
+    let cursor = null;
+    for (let page = 0; page < 50; page++) {
+      const got = await admin(edge, `/v1/calls?limit=2${cursor ? `&after=${encodeURIComponent(cursor)}` : ""}`);
+      assert.equal(got.status, 200, JSON.stringify(got.body));
+      seen.push(...got.body.calls.map((c) => c.call_session_id));
+      cursor = got.body.next;
+      if (cursor === null) break;
+    }
+    assert.deepEqual(seen, [...new Set(seen)].sort(), "ascending, no repeat");
+    for (const session of sessions) assert.ok(seen.includes(session), `${session} paged`);
   });
 
   test("a shrink under live calls moves no session: their events still reach their holders", async () => {

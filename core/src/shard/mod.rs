@@ -92,7 +92,7 @@ pub use reports::{
     may_reforward, Report, ReportEffect, ReportedAnswer, MAX_HOPS, MIN_REFORWARD_BUDGET_MS,
 };
 pub use requests::{BadRequest, ClaimRequest, FenceRequest, MediaVerifyRequest, PreviewRequest};
-pub use views::STATUS_DECISIONS;
+pub use views::{DEFAULT_LIMIT, MAX_LIMIT, MAX_PAGE, STATUS_DECISIONS};
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
