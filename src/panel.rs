@@ -11,6 +11,7 @@ use crate::routes::{valid_call_id, Route};
 use crate::span;
 use callfence_core::document::DocKind;
 use callfence_core::refusal::Refusal;
+use callfence_core::spanning::Paged;
 use serde_json::json;
 use worker::{Env, Request};
 
@@ -90,16 +91,22 @@ pub async fn handle(
             absent: None,
         },
         Route::Calls => {
-            let after = match query(req, "after") {
-                Some(id) if !valid_call_id(&id) => return Err(bad_parameter("after")),
-                after => after,
+            let request = ProtocolRequest::Calls {
+                limit: limit(req)?,
+                after: match query(req, "after") {
+                    Some(id) if !valid_call_id(&id) => return Err(bad_parameter("after")),
+                    after => after,
+                },
             };
-            return span::calls(env, limit(req)?, after).await;
+            return span::pages(env, request, Paged::Calls).await;
         }
-        Route::Events => ProtocolRequest::Events {
-            limit: limit(req)?,
-            after: number(req, "after")?,
-        },
+        Route::Events => {
+            let request = ProtocolRequest::Events {
+                limit: limit(req)?,
+                after: number(req, "after")?,
+            };
+            return span::pages(env, request, Paged::Events).await;
+        }
         _ => return Err(ApiError::not_found()),
     };
     if let ProtocolRequest::Call { id, .. } = &request {

@@ -1,5 +1,6 @@
 //! Reads that span call shards (SPEC §16): `GET /v1/status`,
-//! `GET /v1/decisions` and `GET /v1/calls` ask every shard that may still hold a session (0 to
+//! `GET /v1/decisions`, `GET /v1/calls` and `GET /v1/events` ask every
+//! shard that may still hold a session (0 to
 //! the widest map within the retention, which `global` names), all at
 //! once, and core's [`callfence_core::spanning`] merges what came back. A
 //! shard that does not answer is named in `shards_unreachable`; the read
@@ -14,7 +15,7 @@ use crate::reply::{Answer, ApiError};
 use callfence_core::engine::MapNotice;
 use callfence_core::shard::{DEFAULT_LIMIT, MAX_LIMIT, MAX_PAGE};
 use callfence_core::spanning::{
-    merge_calls, merge_decisions, merge_status, DecisionRead, ShardRead,
+    merge_decisions, merge_pages, merge_status, DecisionRead, Paged, ShardRead,
 };
 use futures_util::future::join_all;
 use serde_json::Value;
@@ -53,19 +54,20 @@ pub async fn decisions(
     Ok(Answer::ok(merge_decisions(&reads, limit, read)))
 }
 
-/// `GET /v1/calls`: every shard's next page of whole calls after `after`,
-/// merged ascending by id, at most `limit`.
-pub async fn calls(
-    env: &Env,
-    limit: Option<u32>,
-    after: Option<String>,
-) -> Result<Answer, ApiError> {
-    let reads = read_all(env, &Request::Calls { limit, after }).await;
+/// `GET /v1/calls` and `GET /v1/events` (`request`, of the `paged` kind):
+/// every shard's next page after the cursor, merged ascending, at most
+/// `limit`.
+pub async fn pages(env: &Env, request: Request, paged: Paged) -> Result<Answer, ApiError> {
+    let limit = match &request {
+        Request::Calls { limit, .. } | Request::Events { limit, .. } => *limit,
+        _ => None,
+    };
+    let reads = read_all(env, &request).await;
     if reads.iter().all(|r| r.answer.is_none()) {
         return Err(ApiError::dispatcher_unavailable());
     }
     let limit = limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_PAGE) as usize;
-    Ok(Answer::ok(merge_calls(&reads, limit)))
+    Ok(Answer::ok(merge_pages(&reads, paged, limit)))
 }
 
 /// Asks `request` of every shard the map may have placed a session on. A

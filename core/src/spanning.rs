@@ -29,9 +29,11 @@
 //!   repeat some only when a shard's `next` is below what was kept).
 //!   A page that names unreachable shards skipped theirs: retry it.
 //!
-//! `GET /v1/calls` ([`merge_calls`]): `{"calls":[...],"next":id|null}`,
-//! ascending by `call_session_id`; the merged page stops at the smallest
-//! `next` a shard gave, so paging repeats and skips nothing.
+//! `GET /v1/calls` and `GET /v1/events` ([`merge_pages`]):
+//! `{"calls":[...],"next":id|null}` ascending by `call_session_id`, and
+//! `{"events":[...],"next":seq|null}` ascending by `seq` (unique across
+//! shards: shard k's carry k above bit 40); the merged page stops at the
+//! smallest `next` a shard gave, so paging repeats and skips nothing.
 //!
 //! `GET /v1/status` ([`merge_status`]) starts from the *base*, the answer
 //! of the lowest reachable shard (shard 0, the directory, when it answers;
@@ -152,54 +154,106 @@ pub fn merge_decisions(reads: &[ShardRead], limit: usize, read: DecisionRead) ->
     out
 }
 
-/// Merges every shard's `GET /v1/calls` page, each asked with the same
-/// `after` and `limit` (the clamped limit): ascending by
-/// `call_session_id`, at most `limit`, and never past the smallest `next`
-/// a shard gave (its unread calls all lie above it). The merged `next` is
-/// the last call kept when any was left out or a shard has more, so the
-/// page that follows repeats none and skips none.
-pub fn merge_calls(reads: &[ShardRead], limit: usize) -> Json {
-    let (mut calls, mut bound, mut missing) = (Vec::new(), None::<&str>, Vec::new());
+/// A paged read whose pages [`merge_pages`] merges: its list, and the
+/// field of each item its cursor is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paged {
+    /// `GET /v1/calls`: whole calls by `call_session_id`.
+    Calls,
+    /// `GET /v1/events`: the ledger by `seq`.
+    Events,
+}
+
+impl Paged {
+    fn list(self) -> &'static str {
+        match self {
+            Paged::Calls => "calls",
+            Paged::Events => "events",
+        }
+    }
+
+    /// An item's cursor value (`None`: malformed).
+    fn key(self, item: &Json) -> Option<PageKey<'_>> {
+        match self {
+            Paged::Calls => self.cursor(item.get("call_session_id")?),
+            Paged::Events => self.cursor(item.get("seq")?),
+        }
+    }
+
+    /// A cursor as the read gives it (`None`: not of this read's kind).
+    fn cursor(self, value: &Json) -> Option<PageKey<'_>> {
+        match self {
+            Paged::Calls => Some(PageKey::Text(value.as_str()?)),
+            Paged::Events => Some(PageKey::Number(value.as_u64()?)),
+        }
+    }
+}
+
+/// A cursor value; one read's are all of one kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum PageKey<'a> {
+    Number(u64),
+    Text(&'a str),
+}
+
+impl PageKey<'_> {
+    fn json(self) -> Json {
+        match self {
+            PageKey::Number(n) => Json::from(n),
+            PageKey::Text(t) => Json::from(t),
+        }
+    }
+}
+
+/// Merges every shard's page of a paged read, each asked with the same
+/// `after` and `limit` (the clamped limit): ascending by cursor, at most
+/// `limit`, and never past the smallest `next` a shard gave (its unread
+/// items all lie above it). The merged `next` is the last item kept when
+/// any was left out or a shard has more, so the page that follows repeats
+/// none and skips none.
+pub fn merge_pages(reads: &[ShardRead], paged: Paged, limit: usize) -> Json {
+    let (mut items, mut bound, mut missing) = (Vec::new(), None, Vec::new());
     for r in by_shard(reads) {
         let page = r.answer.as_ref().and_then(|a| {
-            let listed: Option<Vec<(&str, &Json)>> = a
-                .get("calls")?
+            let listed: Option<Vec<(PageKey, &Json)>> = a
+                .get(paged.list())?
                 .as_array()?
                 .iter()
-                .map(|c| Some((c.get("call_session_id")?.as_str()?, c)))
+                .map(|item| Some((paged.key(item)?, item)))
                 .collect();
             let next = match a.get("next") {
-                Some(Json::String(next)) => Some(next.as_str()),
                 Some(Json::Null) | None => None,
-                Some(_) => return None,
+                Some(next) => Some(paged.cursor(next)?),
             };
             Some((listed?, next))
         });
         match page {
             Some((listed, next)) => {
-                calls.extend(listed);
+                items.extend(listed);
                 bound = match (bound, next) {
-                    (Some(b), Some(n)) => Some(b.min(n)),
+                    (Some(b), Some(n)) => Some(std::cmp::min(b, n)),
                     (b, n) => b.or(n),
                 };
             }
             None => missing.push(r.shard),
         }
     }
-    calls.sort_by(|a, b| a.0.cmp(b.0));
-    calls.dedup_by(|a, b| a.0 == b.0);
-    let kept: Vec<&(&str, &Json)> = calls
+    items.sort_by_key(|(key, _)| *key);
+    items.dedup_by_key(|(key, _)| *key);
+    let kept: Vec<&(PageKey, &Json)> = items
         .iter()
-        .filter(|(id, _)| bound.is_none_or(|b| *id <= b))
+        .filter(|(key, _)| bound.is_none_or(|b| *key <= b))
         .take(limit.max(1))
         .collect();
-    let more = kept.len() < calls.len() || bound.is_some();
+    let more = kept.len() < items.len() || bound.is_some();
     let next = match kept.last() {
-        Some((last, _)) if more => Json::from(*last),
+        Some((last, _)) if more => last.json(),
         _ => Json::Null,
     };
-    let list: Vec<Json> = kept.iter().map(|(_, c)| (*c).clone()).collect();
-    json!({ "calls": list, "next": next, "shards_unreachable": missing })
+    let list: Vec<Json> = kept.iter().map(|(_, item)| (*item).clone()).collect();
+    let mut out = json!({ "next": next, "shards_unreachable": missing });
+    out[paged.list()] = Json::Array(list);
+    out
 }
 
 /// A node's open calls in one shard's status.
@@ -489,7 +543,7 @@ mod tests {
                     read(k as u32, calls(&page, next))
                 })
                 .collect();
-            let merged = merge_calls(&reads, 2);
+            let merged = merge_pages(&reads, Paged::Calls, 2);
             walked.extend(call_ids(&merged).into_iter().map(str::to_owned));
             match merged["next"].as_str() {
                 Some(next) => after = next.to_owned(),
@@ -498,8 +552,32 @@ mod tests {
         }
         assert_eq!(walked, ["a", "b", "c", "d", "e", "f", "g", "h", "i"]);
         // One shard with a full page: more may follow.
-        let one = merge_calls(&[read(0, calls(&["a", "b"], Some("b")))], 2);
+        let one = merge_pages(&[read(0, calls(&["a", "b"], Some("b")))], Paged::Calls, 2);
         assert_eq!(one["next"], "b");
+    }
+
+    /// Events page by `seq`, a number: shard 1's carry 1 above bit 40.
+    #[test]
+    fn events_page_by_seq_across_shards() {
+        let shard1 = 1u64 << 40;
+        let events = |seqs: &[u64], next: Option<u64>| {
+            let list: Vec<Json> = seqs.iter().map(|s| json!({"seq": s})).collect();
+            json!({"events": list, "next": next})
+        };
+        let reads = [
+            read(0, events(&[3, 9], Some(9))),
+            read(1, events(&[shard1 + 1], None)),
+        ];
+        let merged = merge_pages(&reads, Paged::Events, 2);
+        assert_eq!(merged["events"], json!([{"seq": 3}, {"seq": 9}]));
+        assert_eq!(merged["next"], 9);
+        let reads = [
+            read(0, events(&[12], None)),
+            read(1, events(&[shard1 + 1], None)),
+        ];
+        let merged = merge_pages(&reads, Paged::Events, 2);
+        assert_eq!(merged["events"], json!([{"seq": 12}, {"seq": shard1 + 1}]));
+        assert_eq!(merged["next"], Json::Null);
     }
 
     #[test]
@@ -512,7 +590,7 @@ mod tests {
             },
             read(2, json!({"calls": "nope"})),
         ];
-        let merged = merge_calls(&reads, 50);
+        let merged = merge_pages(&reads, Paged::Calls, 50);
         assert_eq!(call_ids(&merged), ["a"]);
         assert_eq!(merged["next"], Json::Null);
         assert_eq!(merged["shards_unreachable"], json!([1, 2]));

@@ -11,7 +11,7 @@
 
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { sha256Hex } from "./harness.mjs";
+import { readPages, sha256Hex } from "./harness.mjs";
 import { admin, callEvent, fence, heartbeat, setupCluster, waitFor, webhook } from "./fixtures.mjs";
 
 const SCHEMA = "callfence_shards_v1";
@@ -159,6 +159,12 @@ describe("call shards: four objects, one holder per session", () => {
     }
     assert.deepEqual(seen, [...new Set(seen)].sort(), "ascending, no repeat");
     for (const session of sessions) assert.ok(seen.includes(session), `${session} paged`);
+    // The ledger export, paged 3 at a time: every shard's events once, by seq.
+    const events = await readPages(edge, edge.keys.adminToken, "/v1/events", "events", { limit: 3 });
+    const seqs = events.map((e) => e.seq);
+    assert.deepEqual(seqs, [...new Set(seqs)].sort((a, b) => a - b), "ascending, no repeat");
+    const exported = new Set(events.map((e) => e.call_session_id));
+    for (const session of sessions) assert.ok(exported.has(session), `${session}'s events exported`);
   });
 
   test("a shrink under live calls moves no session: their events still reach their holders", async () => {

@@ -85,6 +85,7 @@ impl<S: Store> CallShard<S> {
                 return self.on_duplicate(event, now_ms);
             }
             let seq = q.counters(&["event_seq"], &[("last_webhook_at", now_ms)])?[0];
+            let seq = self.shard_scoped(seq);
             let headers_json =
                 serde_json::to_string(headers).map_err(|e| EngineError::Corrupt(e.to_string()))?;
             let new = |session, state, pending_until, attempt| NewEvent {

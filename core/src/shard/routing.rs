@@ -35,8 +35,8 @@ pub(crate) struct Routed {
     pub chosen_clean: Option<bool>,
 }
 
-/// Where a call shard's number sits in its decision ids.
-const DECISION_SHARD_SHIFT: u32 = 40;
+/// Where a call shard's number sits in its decision ids and event `seq`s.
+const SHARD_SHIFT: u32 = 40;
 
 impl Routed {
     /// The chosen node and the origin URL it is assigned with, if any.
@@ -154,12 +154,13 @@ pub(crate) fn route_session(
 }
 
 impl<S: Store> CallShard<S> {
-    /// The deployment-wide id of this shard's `counted`-th decision (SPEC
-    /// §16: unique across shards): `global`'s are its count, as before call
-    /// shards; shard k's carry k above bit 40 (below 2^53, so a JSON number
-    /// holds it exactly). A shard's ids grow with its count.
-    pub(crate) fn decision_id(&self, counted: u64) -> u64 {
-        (u64::from(self.index) << DECISION_SHARD_SHIFT) | counted
+    /// The deployment-wide number of this shard's `counted`-th decision or
+    /// event (SPEC §16: decision ids unique across shards; an event's `seq`
+    /// likewise, so the paged reads merge): `global`'s are its count, as
+    /// before call shards; shard k's carry k above bit 40 (below 2^53, so a
+    /// JSON number holds it exactly). A shard's numbers grow with its count.
+    pub(crate) fn shard_scoped(&self, counted: u64) -> u64 {
+        (u64::from(self.index) << SHARD_SHIFT) | counted
     }
 
     /// Stores a decision built from a routing answer (or from a claim when
@@ -181,7 +182,7 @@ impl<S: Store> CallShard<S> {
             Some(id) => id,
             None => self.q().counters(&["decision"], &[])?[0],
         };
-        let decision_id = self.decision_id(counted);
+        let decision_id = self.shard_scoped(counted);
         let (claim_sha, claim_clean) = match claim_node {
             Some(node) => {
                 let beat = view.beat(node);
