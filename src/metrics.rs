@@ -31,7 +31,10 @@
 use crate::protocol::{self, Reply, Request, Scraped};
 use crate::reply::ApiError;
 use callfence_core::metrics::exposition::{render, CONTENT_TYPE};
+use callfence_core::metrics::merge::merge_scrapes;
+use callfence_core::metrics::Sample;
 use callfence_core::refusal::Refusal;
+use futures_util::future::join_all;
 use std::cell::RefCell;
 use worker::{Context, Env, Response};
 
@@ -98,26 +101,41 @@ pub fn report_due(env: &Env, ctx: &Context, now_ms: i64) {
     });
 }
 
-/// `GET /v1/metrics`, after its bearer was accepted: the Dispatcher's
-/// samples, with this isolate's pending refusals added, as text.
+/// `GET /v1/metrics`, after its bearer was accepted: every shard's samples
+/// merged (SPEC §16: at most N + 1 objects, the map from `global` first),
+/// with this isolate's pending refusals added, as text. A shard that does
+/// not answer fails the scrape (503): a sum without its counters would
+/// read as a counter reset.
 pub async fn scrape(env: &Env, now_ms: i64) -> Result<Response, ApiError> {
     let batch = pending(|p| p.take(now_ms));
-    let request = Request::Metrics { refused: batch };
-    let scraped = match protocol::call::<Scraped>(env, &request, b"").await {
-        Ok(Reply::Done(scraped)) => scraped,
-        Ok(Reply::Refused(_)) | Err(_) => {
-            pending(|p| p.give_back(batch));
-            return Err(ApiError::dispatcher_unavailable());
-        }
+    let Some(scrapes) = scrape_shards(env, batch).await else {
+        pending(|p| p.give_back(batch));
+        return Err(ApiError::dispatcher_unavailable());
     };
     let internal = |_| ApiError(Refusal::Internal);
-    let mut response = Response::ok(render(&scraped.samples)).map_err(internal)?;
+    let mut response = Response::ok(render(&merge_scrapes(&scrapes))).map_err(internal)?;
     let headers = response.headers_mut();
     headers
         .set("Content-Type", CONTENT_TYPE)
         .map_err(internal)?;
     headers.set("Cache-Control", "no-store").map_err(internal)?;
     Ok(response)
+}
+
+/// Every shard's samples, `refused` counted at `global`; `None` if any
+/// shard did not answer.
+async fn scrape_shards(env: &Env, refused: u64) -> Option<Vec<(u32, Vec<Sample>)>> {
+    let shards = crate::span::shards(env).await;
+    let asks = (0..shards).map(|shard| async move {
+        let refused = if shard == 0 { refused } else { 0 };
+        let request = Request::Metrics { refused };
+        let deadline = protocol::DEADLINE_MS as i64;
+        match protocol::call_shard_within::<Scraped>(env, shard, &request, b"", deadline).await {
+            Ok(Reply::Done(scraped)) => Some((shard, scraped.samples)),
+            _ => None,
+        }
+    });
+    join_all(asks).await.into_iter().collect()
 }
 
 #[cfg(test)]

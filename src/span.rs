@@ -70,15 +70,19 @@ pub async fn pages(env: &Env, request: Request, paged: Paged) -> Result<Answer, 
     Ok(Answer::ok(merge_pages(&reads, paged, limit)))
 }
 
-/// Asks `request` of every shard the map may have placed a session on. A
-/// `global` that names no map (one release behind, or unreachable) is
-/// read alone, as before call shards.
+/// How many shards a read that spans them asks: every one the map may have
+/// placed a session on (`0..widest`). A `global` that names no map (one
+/// release behind, or unreachable) is read alone, as before call shards.
+pub async fn shards(env: &Env) -> u32 {
+    match protocol::call::<MapInForce>(env, &Request::Map, b"").await {
+        Ok(Reply::Done(MapInForce { map })) => map.widest(),
+        _ => MapNotice::default().widest(),
+    }
+}
+
+/// Asks `request` of every shard [`shards`] names.
 async fn read_all(env: &Env, request: &Request) -> Vec<ShardRead> {
-    let map = match protocol::call::<MapInForce>(env, &Request::Map, b"").await {
-        Ok(Reply::Done(MapInForce { map })) => map,
-        _ => MapNotice::default(),
-    };
-    let asks = (0..map.widest()).map(|shard| async move {
+    let asks = (0..shards(env).await).map(|shard| async move {
         let deadline = DEADLINE_MS as i64;
         let answer = protocol::call_shard_within::<View>(env, shard, request, b"", deadline).await;
         ShardRead {

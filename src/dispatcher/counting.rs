@@ -14,10 +14,6 @@ use callfence_core::outcome::OutcomeClass;
 use callfence_core::refusal::Refusal;
 use callfence_core::store::Store;
 
-/// The call shard this object is: `global` is shard 0, the only one until
-/// shard maps exist (SPEC §16).
-pub const SHARD: u32 = 0;
-
 /// The class of a webhook's answer decided at ingress; `None` for a
 /// forward, whose outcome its report decides.
 pub fn ingress_outcome(ingress: &Ingress) -> Option<WebhookOutcome> {
@@ -130,8 +126,8 @@ pub fn refused(counters: &Counters, refused: u64) {
 pub fn samples<S: Store>(engine: &Engine<S>, now_ms: i64) -> Result<Vec<Sample>, EngineError> {
     let status = engine.status(now_ms)?;
     let (map_revision, _) = engine.directory().shard_map()?;
-    let mut samples =
-        gauges::from_status(&status, SHARD, map_revision).map_err(EngineError::Corrupt)?;
+    let mut samples = gauges::from_status(&status, engine.shard().index(), map_revision)
+        .map_err(EngineError::Corrupt)?;
     samples.extend(engine.metrics().samples());
     let storage_full = engine.refused().storage_full;
     samples.push(Sample::new(STORAGE_FULL, &[], storage_full));

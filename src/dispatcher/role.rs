@@ -61,6 +61,7 @@ pub fn serves(engine: &Engine<DoStore>, request: &Request) -> bool {
                 | Request::Claim { .. }
                 | Request::MediaVerify { .. }
                 | Request::Status
+                | Request::Metrics { .. }
                 | Request::Decisions { .. }
                 | Request::Call { .. }
                 | Request::Calls { .. }

@@ -125,6 +125,14 @@ describe("call shards: four objects, one holder per session", () => {
       assert.equal(got.status, 200, JSON.stringify(got.body));
     }
     assert.equal(await open(), before + 4, "one more open call on each shard");
+    // One scrape merges every shard: each names its open calls, and M1's sum them.
+    const scrape = await admin(edge, "/v1/metrics");
+    assert.equal(scrape.status, 200, String(scrape.body));
+    const text = typeof scrape.body === "string" ? scrape.body : JSON.stringify(scrape.body);
+    const sample = (series) => Number(text.split("\n").find((l) => l.startsWith(`${series} `))?.split(" ")[1]);
+    const perShard = [0, 1, 2, 3].map((k) => sample(`callfence_open_calls{shard="${k}"}`));
+    assert.ok(perShard.every((n) => n >= 1), text);
+    assert.equal(sample('callfence_node_open_calls{node="M1"}'), perShard.reduce((a, b) => a + b, 0), text);
     const decisions = await admin(edge, "/v1/decisions?limit=3");
     assert.equal(decisions.status, 200, JSON.stringify(decisions.body));
     assert.deepEqual(decisions.body.shards_unreachable, []);

@@ -22,11 +22,13 @@
 //!
 //! - [`counters`]: the counters, what may be counted and how;
 //! - [`gauges`]: the gauges, from the status view;
-//! - [`exposition`]: the text format.
+//! - [`exposition`]: the text format;
+//! - [`merge`]: one scrape's samples from every call shard, merged.
 
 pub mod counters;
 pub mod exposition;
 pub mod gauges;
+pub mod merge;
 
 pub use counters::{ClaimLimit, Count, Counters, WebhookOutcome};
 
