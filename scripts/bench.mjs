@@ -74,7 +74,8 @@
 // BENCH_THROUGHPUT_CALLS (1000), BENCH_CONCURRENCY (8),
 // BENCH_FORWARD_TIMEOUT_MS (1500), BENCH_OVERLOAD_CALLS (600),
 // BENCH_OVERLOAD_CONCURRENCY (32), BENCH_FLOOR_COMMITS (2),
-// BENCH_FLOOR_EXTRA_SQL (0). BENCH_ONLY=metrics measures what the edge's
+// BENCH_FLOOR_EXTRA_SQL (0). BENCH_ONLY=shards compares one call shard with
+// eight (latency, CPU, global's share; see shardsOnly). BENCH_ONLY=metrics measures what the edge's
 // metrics cost (statements per webhook, a scrape's messages, statements and
 // CPU; BENCH_SCRAPES, BENCH_BUILD). BENCH_ONLY=overload runs the overload phase
 // alone (after BENCH_WARMUP sequential calls), for a machine others share;
@@ -1502,8 +1503,87 @@ async function metricsOnly() {
   }
 }
 
+/**
+ * BENCH_ONLY=shards: one call shard against eight (SPEC §16), on two edges
+ * of the testing build, the second under the test-only
+ * CALLFENCE_TEST_CALL_SHARDS=8 with a map of eight shards in force.
+ * BENCH_CALLS sequential new calls each (after BENCH_WARMUP), interleaved
+ * ABBA. Prints each edge's latency p50 and workerd CPU per webhook
+ * (schedstat, median), their ratios (8 shards / 1), the requests `global`
+ * served per webhook on the eight-shard edge (its profile: every
+ * operation, the webhooks whose session it holds among them), and the
+ * Durable Object instances that exist there (their SQLite files).
+ */
+async function shardsOnly() {
+  const before = conditions();
+  const origin = await startPlainOrigin();
+  const keys = testKeys();
+  const node = ed25519();
+  const dir8 = mkdtempSync(join(os.tmpdir(), "callfence-shards-"));
+  const base = { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS) };
+  const { result: one, pid: onePid } = await newWorkerd(() => startEdge({ keys, bindings: base }));
+  const { result: eight, pid: eightPid } = await newWorkerd(() =>
+    startEdge({ keys, bindings: { ...base, CALLFENCE_TEST_CALL_SHARDS: "8" }, dir: dir8 }),
+  );
+  const stops = [];
+  try {
+    stops.push(await setUpCallfence(one, origin, node));
+    stops.push(await setUpCallfence(eight, origin, node));
+    const headers = { ...bearer(eight.keys.adminToken), "if-match": '"0"', "content-type": "application/json" };
+    const map = JSON.stringify({ schema: "callfence_shards_v1", call_shards: 8 });
+    const put = await read(await eight.fetch("/v1/shards", { method: "PUT", headers, body: map }));
+    if (put.status !== 200) throw new Error(`PUT /v1/shards: ${put.status} ${JSON.stringify(put.body)}`);
+    const edges = { one: [one, new CpuPerRequest(onePid), []], eight: [eight, new CpuPerRequest(eightPid), []] };
+    let profile0 = null;
+    for (let i = 0; i < WARMUP + CALLS; i += 1) {
+      const measured = i >= WARMUP;
+      if (i === WARMUP) profile0 = await dispatcherProfile(eight);
+      const order = i % 2 === 0 ? ["one", "eight"] : ["eight", "one"];
+      for (const name of order) {
+        const [edge, cpu, latency] = edges[name];
+        cpu.mark(measured);
+        const t = await timed(edge.url, newCall(keys, `shards-${name}`, i), checkCallfence);
+        if (measured) latency.push(t);
+      }
+    }
+    edges.one[1].mark(false);
+    edges.eight[1].mark(false);
+    const profile1 = await dispatcherProfile(eight);
+    const globalPerWebhook = profileTotal(profile0, profile1, "count") / CALLS;
+    const objects = objectFiles(dir8).length;
+    const fig = (name) => ({ p50: summary(edges[name][2]).p50, cpu: summary(edges[name][1].samples).p50 });
+    const [a, b] = [fig("one"), fig("eight")];
+    const after = os.loadavg().map((x) => x.toFixed(2)).join(" ");
+    console.log("\n== bench: call shards (BENCH_ONLY=shards)");
+    console.log(`machine: ${before.machine}; load average (1/5/15 min) ${before.load} before, ${after} after; commit ${before.commit}; ${CALLS} sequential new calls per edge after ${WARMUP}, interleaved ABBA`);
+    console.log(`1 shard:  p50 ${ms(a.p50)}, workerd CPU per webhook median ${ms(a.cpu, 3)}`);
+    console.log(`8 shards: p50 ${ms(b.p50)}, workerd CPU per webhook median ${ms(b.cpu, 3)}`);
+    console.log(`shards_p50_ratio ${(b.p50 / a.p50).toFixed(2)}; CPU ratio ${(b.cpu / a.cpu).toFixed(2)}; global served ${globalPerWebhook.toFixed(3)} requests per webhook on the 8-shard edge (1/8 of the webhooks are its own); ${objects} objects exist there`);
+    if (process.env.BENCH_JSON === "1") {
+      console.log(
+        JSON.stringify({
+          commit: before.commit,
+          shards_p50_ratio: b.p50 / a.p50,
+          cpu_ms_per_webhook_1: a.cpu,
+          cpu_ms_per_webhook_8: b.cpu,
+          global_requests_per_webhook_8: globalPerWebhook,
+          objects_8: objects,
+        }),
+      );
+    }
+  } finally {
+    for (const stop of stops) stop();
+    await one.dispose();
+    await eight.dispose();
+    rmSync(dir8, { recursive: true, force: true });
+    await origin.close();
+  }
+}
+
 if (process.env.BENCH_ONLY === "overload") {
   await overloadOnly();
+} else if (process.env.BENCH_ONLY === "shards") {
+  await shardsOnly();
 } else if (process.env.BENCH_ONLY === "metrics") {
   await metricsOnly();
 } else {
