@@ -10,7 +10,6 @@ use crate::placing;
 use crate::protocol::{self, Request};
 use crate::reply::{relay, Answer, ApiError};
 use crate::routes::Route;
-use callfence_core::wire::{ClaimRequest, FenceRequest, MediaVerifyRequest};
 use worker::Env;
 
 /// Relays a verified node request. `kid` is its `Callfence-Key-Id` (the
@@ -53,7 +52,9 @@ pub async fn handle(
         Route::Probe => return crate::probe::handle(env, &node, &kid, &body).await,
         _ => return Err(ApiError::not_found()),
     };
-    let Some(session) = session_of(env, &request, &body) else {
+    let config = Config::get(env);
+    let media = config.node_routes.as_ref().ok().map(|n| &n.media);
+    let Some(session) = request.session(&body, media, now_ms()) else {
         return relay(protocol::call(env, &request, &body).await);
     };
     let answer_by = now_ms() + protocol::DEADLINE_MS as i64;
@@ -68,23 +69,4 @@ pub async fn handle(
         )
         .await,
     )
-}
-
-/// The session a fence, a claim or a media check is about, when its body
-/// says (a media token's claims are read only under a valid signature);
-/// the holder answers it (SPEC §16). Anything else goes to `global`, which
-/// refuses what it cannot read.
-fn session_of(env: &Env, request: &Request, body: &[u8]) -> Option<String> {
-    match request {
-        Request::Fence { .. } => FenceRequest::parse(body).ok().map(|r| r.call_session_id),
-        Request::Claim { .. } => ClaimRequest::parse(body).ok().map(|r| r.call_session_id),
-        Request::MediaVerify { .. } => {
-            let config = Config::get(env);
-            let media = &config.node_routes.as_ref().ok()?.media;
-            let token = MediaVerifyRequest::parse(body).ok()?.media_token;
-            let claims = callfence_core::media::verify(media, &token, now_ms()).ok()?;
-            Some(claims.call_session_id)
-        }
-        _ => None,
-    }
 }

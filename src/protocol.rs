@@ -81,7 +81,11 @@
 //! `dispatcher::ops::Refusal`.
 
 use callfence_core::document::DocKind;
-use callfence_core::engine::{Arrival, Forward, ForwardMark, Lease, LeaseAsk, NodeKey, Report};
+use callfence_core::engine::{
+    Arrival, ClaimRequest, FenceRequest, Forward, ForwardMark, Lease, LeaseAsk, MediaVerifyRequest,
+    NodeKey, Report,
+};
+use callfence_core::media::MediaKeys;
 use callfence_core::messages::{MapNotice, Redirect};
 use callfence_core::refusal::Refusal;
 use callfence_core::telnyx::Envelope;
@@ -458,6 +462,30 @@ impl Request {
                 absent: absent.clone(),
             },
             _ => Arrival::default(),
+        }
+    }
+
+    /// The session this request is about, when it names one: a fence's or
+    /// a claim's body, a media token's claims (read only under a valid
+    /// signature, with `media`), a call read's id. Where the holder rule
+    /// applies (SPEC §16); a body that cannot be read is refused by its own
+    /// operation.
+    pub fn session(
+        &self,
+        payload: &[u8],
+        media: Option<&MediaKeys>,
+        now_ms: i64,
+    ) -> Option<String> {
+        match self {
+            Request::Fence { .. } => FenceRequest::parse(payload).ok().map(|r| r.call_session_id),
+            Request::Claim { .. } => ClaimRequest::parse(payload).ok().map(|r| r.call_session_id),
+            Request::MediaVerify { .. } => {
+                let token = MediaVerifyRequest::parse(payload).ok()?.media_token;
+                let claims = callfence_core::media::verify(media?, &token, now_ms).ok()?;
+                Some(claims.call_session_id)
+            }
+            Request::Call { id, .. } => Some(id.clone()),
+            _ => None,
         }
     }
 

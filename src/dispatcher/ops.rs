@@ -98,8 +98,15 @@ pub fn serve<S: Store>(
             ))));
         }
     }
-    if let Some(id) = session_of(request, payload, media, now_ms) {
-        if let Some(redirect) = engine.redirect_for(&id, &request.arrival())? {
+    // Under a map that only ever had `global`, no id needs reading (a media
+    // token's would cost a second HMAC check).
+    let arrival = request.arrival();
+    let sole = engine.shard().sole_holder(&arrival)?;
+    if let Some(id) = (!sole)
+        .then(|| request.session(payload, media, now_ms))
+        .flatten()
+    {
+        if let Some(redirect) = engine.redirect_for(&id, &arrival)? {
             return Ok(Served::Reply(protocol::encode_done(&Next::Redirect(
                 redirect,
             ))));
@@ -372,29 +379,6 @@ fn webhook<S: Store>(
         // Not this shard's to create (SPEC §16): the Worker goes on.
         Ingress::Redirect(redirect) => Ok(Next::Redirect(redirect)),
     })
-}
-
-/// The session a node's request is about (a fence's or a claim's body, a
-/// media token's claims) or a call read names, when it can be read: where
-/// the holder rule applies (SPEC §16). A body that cannot be read is refused by its own
-/// operation.
-fn session_of(
-    request: &Request,
-    payload: &[u8],
-    media: Option<&MediaKeys>,
-    now_ms: i64,
-) -> Option<String> {
-    match request {
-        Request::Fence { .. } => FenceRequest::parse(payload).ok().map(|r| r.call_session_id),
-        Request::Claim { .. } => ClaimRequest::parse(payload).ok().map(|r| r.call_session_id),
-        Request::MediaVerify { .. } => {
-            let token = MediaVerifyRequest::parse(payload).ok()?.media_token;
-            let claims = callfence_core::media::verify(media?, &token, now_ms).ok()?;
-            Some(claims.call_session_id)
-        }
-        Request::Call { id, .. } => Some(id.clone()),
-        _ => None,
-    }
 }
 
 /// The caller of a node request. The engine re-checks the pair against its

@@ -107,6 +107,17 @@ impl<S: Store> CallShard<S> {
         })
     }
 
+    /// True when this shard holds or may create every session whatever its
+    /// id: no newer map is offered, and every map of the history placed
+    /// all sessions here (`global` under a map that never had more than one
+    /// shard). A request about one session then needs no id read for the
+    /// holder rule.
+    pub fn sole_holder(&self, arrival: &Arrival) -> Result<bool, EngineError> {
+        let held = self.map()?;
+        let offered_newer = arrival.map.is_some_and(|m| m.supersedes(&held));
+        Ok(!offered_newer && self.index == 0 && held.widest() == 1)
+    }
+
     /// The holder rule for a node's request about session `id` (a fence, a
     /// claim, a media check): where the Worker must go first when this
     /// shard does not hold the session and may not create it; `None` when
