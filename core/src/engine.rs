@@ -243,8 +243,7 @@ impl<S: Store> Engine<S> {
         })?;
         if kind == DocKind::Shards {
             // The object's own shard holds the new map before the PUT is
-            // answered; the other shards adopt it from the requests that
-            // carry it.
+            // answered (the object pushes it to the other shards).
             self.shard.handle_map(&self.map_notice(now_ms)?)?;
         }
         Ok(revision)

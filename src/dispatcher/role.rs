@@ -136,15 +136,7 @@ pub async fn reclaim(engine: &Engine<DoStore>, env: &worker::Env) {
         return;
     }
     while let Some(k) = engine.poll_reclaim() {
-        let deadline = protocol::DEADLINE_MS as i64;
-        let _ = protocol::call_shard_within::<serde_json::Value>(
-            env,
-            k,
-            &Request::Reclaim,
-            b"",
-            deadline,
-        )
-        .await;
+        tell(env, k, &Request::Reclaim).await;
     }
 }
 
@@ -167,15 +159,8 @@ pub async fn push_map(engine: &Engine<DoStore>, env: &worker::Env, request: &Req
     let Ok(map) = engine.map_notice(now_ms()) else {
         return;
     };
-    let pushes = (1..map.widest()).map(|k| {
-        let request = Request::MapPush { map };
-        async move {
-            let deadline = protocol::DEADLINE_MS as i64;
-            let _ =
-                protocol::call_shard_within::<serde_json::Value>(env, k, &request, b"", deadline)
-                    .await;
-        }
-    });
+    let request = Request::MapPush { map };
+    let pushes = (1..map.widest()).map(|k| tell(env, k, &request));
     futures_util::future::join_all(pushes).await;
 }
 
@@ -189,10 +174,17 @@ pub async fn send_marks(engine: &Engine<DoStore>, env: &worker::Env) {
     }
     while let Some(ShardOutput::Mark(mark)) = shard.poll_output() {
         let request = Request::Mark { mark: mark.clone() };
-        let sent = protocol::call::<serde_json::Value>(env, &request, b"").await;
-        if !matches!(sent, Ok(Reply::Done(_))) {
+        if !tell(env, 0, &request).await {
             shard.retry_output(ShardOutput::Mark(mark));
             return;
         }
     }
+}
+
+/// Sends `request`, which answers `{}`, to shard `shard`'s object within
+/// the protocol's deadline; true when it was done.
+async fn tell(env: &worker::Env, shard: u32, request: &Request) -> bool {
+    let deadline = protocol::DEADLINE_MS as i64;
+    let sent = protocol::call_shard_within::<serde_json::Value>(env, shard, request, b"", deadline);
+    matches!(sent.await, Ok(Reply::Done(_)))
 }
