@@ -285,16 +285,18 @@ impl<S: Store> Engine<S> {
     }
 
     /// A call shard's ask for a lease ([`Directory::handle_lease_ask`]),
-    /// counting this object's own open calls and the map's shard count.
+    /// counting this object's own open calls, and carrying the map in force
+    /// with its history as of now, which this object's own shard adopts too
+    /// (as the holding horizon passes, the history narrows).
     pub fn handle_lease_ask(
         &self,
         ask: &LeaseAsk,
         now_ms: i64,
     ) -> Result<Option<Lease>, EngineError> {
         let open = self.shard.open_calls()?;
-        let (_, map) = self.directory.shard_map()?;
-        self.directory
-            .handle_lease_ask(ask, &open, map.call_shards as u32, now_ms)
+        let map = self.map_notice(now_ms)?;
+        self.shard.handle_map(&map)?;
+        self.directory.handle_lease_ask(ask, &open, map, now_ms)
     }
 
     /// Another call shard's forward mark, applied to the node's forward

@@ -6,14 +6,14 @@
 //! claim flood against a live call under a small row cap, and the shard
 //! map's history behind the rollback floor).
 
-use callfence_core::directory::DocError;
+use callfence_core::directory::{DocError, REPLACED_MAP_USE_MS};
 use callfence_core::document::DocKind;
 use callfence_core::encoding::b64_encode;
 use callfence_core::engine::{
     may_reforward, Arrival, Caller, ClaimReply, ClaimRequest, Engine, EngineConfig, FenceRefusal,
-    FenceReply, FenceRequest, Forward, HeartbeatRefusal, Ingress, Lease, LeaseAsk, MediaRefusal,
-    MediaReply, PendingReason, PreviewRequest, Report, ReportEffect, ReportedAnswer, MAX_HOPS,
-    MIN_REFORWARD_BUDGET_MS,
+    FenceReply, FenceRequest, Forward, HeartbeatRefusal, Holds, Ingress, Lease, LeaseAsk,
+    MediaRefusal, MediaReply, PendingReason, PreviewRequest, Redirect, Report, ReportEffect,
+    ReportedAnswer, MAX_HOPS, MIN_REFORWARD_BUDGET_MS,
 };
 use callfence_core::heartbeat::{routing_hash, Capacity, Heartbeat, Mode, HEARTBEAT_SCHEMA};
 use callfence_core::media::MediaKeys;
@@ -1269,7 +1269,7 @@ fn a_call_shard_s_own_object_decides_only_under_a_lease_from_global() {
     let ask: LeaseAsk = serde_json::from_str(&serde_json::to_string(&ask).unwrap()).unwrap();
     let lease = w.engine.handle_lease_ask(&ask, w.now).unwrap().unwrap();
     let lease: Lease = serde_json::from_str(&serde_json::to_string(&lease).unwrap()).unwrap();
-    assert!(calls1.shard().handle_lease(lease));
+    assert!(calls1.shard().handle_lease(lease).unwrap());
     assert!(calls1.key_in_force(caller("M1")).unwrap());
 
     let f = forward(webhook("e2", w.now));
@@ -1327,4 +1327,81 @@ fn a_call_shard_s_own_object_decides_only_under_a_lease_from_global() {
     };
     w.engine.handle_mark(mark, w.now).unwrap();
     assert!(failing(&w));
+}
+
+/// A lease carries the map in force with its history (SPEC §16). Within
+/// the holding horizon of a map change, a call shard asks the replaced
+/// map's home before it creates a session; once the horizon has passed the
+/// history narrows to the map in force, every shard adopts it with its next
+/// lease (and `global` when it grants one), and a new session needs no
+/// question. A wider notice of the same revision, from a Worker's old
+/// cache, never widens it again.
+#[test]
+fn a_lease_carries_the_map_whose_history_narrows_past_the_horizon() {
+    let config = EngineConfig {
+        call_shards_cap: 2,
+        ..EngineConfig::default()
+    };
+    let horizon = config.timing.holding_horizon_ms();
+    let store = SqliteStore::in_memory().unwrap();
+    migrate(&store, T0).unwrap();
+    let global = Engine::new(store, config.clone());
+    let doc = json!({"schema": SHARDS_SCHEMA, "call_shards": 2}).to_string();
+    global
+        .put_document(DocKind::Shards, doc.as_bytes(), Some("\"0\""), "t", T0)
+        .unwrap();
+    let store = SqliteStore::in_memory().unwrap();
+    migrate(&store, T0).unwrap();
+    let calls1 = Engine::call_shard(store, config, 1);
+    let wide = MapNotice::new(1, 2, 0b01);
+    let narrow = MapNotice::new(1, 2, 0);
+    let lease_at = |now: i64| {
+        let ask = calls1.shard().lease_ask(false).unwrap();
+        let lease = global.handle_lease_ask(&ask, now).unwrap().unwrap();
+        let map = lease.map;
+        assert!(calls1.shard().handle_lease(lease).unwrap());
+        map
+    };
+    let session = (0..100)
+        .map(|i| format!("v3:narrow-{i}"))
+        .find(|s| wide.home(s) == 1)
+        .unwrap();
+    let body = json!({"data": {"id": "e1", "event_type": "call.initiated", "payload": {
+        "call_session_id": session, "call_control_id": "leg-1", "from": "+12125550199",
+        "to": "+15102160079", "direction": "incoming"}}})
+    .to_string();
+    let envelope = parse_envelope(body.as_bytes()).unwrap();
+    let arrival = Arrival {
+        map: Some(wide),
+        absent: None,
+    };
+    let webhook = |now: i64| {
+        calls1
+            .handle_placed_webhook(&envelope, &body, &[], &arrival, now)
+            .unwrap()
+    };
+
+    let early = T0 + horizon;
+    assert_eq!(lease_at(early), Some(wide));
+    assert_eq!(calls1.shard().map().unwrap(), wide);
+    assert!(
+        matches!(webhook(early), Ingress::Redirect(Redirect::Lookup { ref shards, .. }) if shards == &[0]),
+        "within the horizon the replaced map's home is asked"
+    );
+
+    let late = T0 + horizon + REPLACED_MAP_USE_MS + 1;
+    assert_eq!(lease_at(late), Some(narrow));
+    assert_eq!(calls1.shard().map().unwrap(), narrow);
+    assert_eq!(
+        global.shard().map().unwrap(),
+        narrow,
+        "global adopted it too"
+    );
+    assert_eq!(calls1.shard().handle_map(&wide).unwrap(), narrow);
+    assert!(
+        !matches!(webhook(late), Ingress::Redirect(_)),
+        "past the horizon the session is created with no question"
+    );
+    assert!(global.shard().handle_holds(&session, &wide).unwrap() == Holds::Absent);
+    assert_eq!(global.shard().map().unwrap(), narrow);
 }

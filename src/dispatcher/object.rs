@@ -84,7 +84,12 @@ impl DurableObject for Dispatcher {
                 protocol::encode_rejected(protocol::MessageError::UnknownOp),
             );
         }
-        role::lease(engine, &self.env, &message.request).await;
+        if !role::lease(engine, &self.env, &message.request).await {
+            // Thrown: the Worker answers dispatcher_unavailable.
+            return Err(worker::Error::RustError(
+                "this call shard holds no lease from global".into(),
+            ));
+        }
         let decoded = now_ms();
         let config = Config::get(&self.env);
         #[cfg(feature = "testing")]

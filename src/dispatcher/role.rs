@@ -71,20 +71,25 @@ pub fn serves(engine: &Engine<DoStore>, request: &Request) -> bool {
 
 /// Before a request that decides or checks a node's key, a call shard
 /// renews its lease when due ([`renew`]); asked to report
-/// ([`Request::Reclaim`]), it asks for one wanting no spare room.
-pub async fn lease(engine: &Engine<DoStore>, env: &worker::Env, request: &Request) {
-    if matches!(request, Request::Reclaim) {
-        ask(engine, env, true).await;
-    } else if matches!(
+/// ([`Request::Reclaim`]), it asks for one wanting no spare room. Returns
+/// false when the request is on the call path (a webhook, a fence, a claim,
+/// a media check) and the shard still holds no usable lease: it may not
+/// serve it (the Worker answers 503), since the lease is what keeps its
+/// map, its view and its caps in force (SPEC §16). `global` always may.
+pub async fn lease(engine: &Engine<DoStore>, env: &worker::Env, request: &Request) -> bool {
+    let call_path = matches!(
         request,
         Request::Webhook { .. }
             | Request::Fence { .. }
             | Request::Claim { .. }
             | Request::MediaVerify { .. }
-            | Request::Status
-    ) {
+    );
+    if matches!(request, Request::Reclaim) {
+        ask(engine, env, true).await;
+    } else if call_path || matches!(request, Request::Status) {
         renew(engine, env).await;
     }
+    !call_path || engine.shard().lease_usable(now_ms())
 }
 
 /// True when a call shard answered a webhook without a forward because a
@@ -123,7 +128,9 @@ async fn ask(engine: &Engine<DoStore>, env: &worker::Env, reclaimed: bool) {
     if let Ok(Reply::Done(Leased { lease: Some(lease) })) =
         protocol::call::<Leased>(env, &request, b"").await
     {
-        shard.handle_lease(lease);
+        // A lease whose map could not be stored is not taken: the shard
+        // stays without one, as when the ask fails.
+        let _taken = shard.handle_lease(lease);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::{Directory, EngineError};
 use crate::document::{expected_revision, DocKind, PreconditionError};
-use crate::messages::{MapNotice, PerNode};
+use crate::messages::{MapNotice, PerNode, CLOCK_MARGIN_MS, LEASE_MS};
 use crate::policy::{CallerOverride, Line, RoutingPolicy};
 use crate::problem::Problem;
 use crate::shard_map::{self, MapRevision, RollbackFloor, ShardMap};
@@ -55,6 +55,12 @@ impl From<crate::store::StoreError> for DocError {
         DocError::Engine(e.into())
     }
 }
+
+/// How long after its replacement a map may still be the one a shard
+/// creates sessions under: a call shard takes a new map with each lease, and
+/// one granted just before the change runs for [`LEASE_MS`]; twice that, and
+/// the two objects' clock margin, is the margin kept.
+pub const REPLACED_MAP_USE_MS: i64 = 2 * (LEASE_MS + CLOCK_MARGIN_MS);
 
 impl<S: Store> Directory<S> {
     /// The newest revision of a document and its stored body.
@@ -111,11 +117,14 @@ impl<S: Store> Directory<S> {
     /// count in force since `now_ms - horizon_ms`. `horizon_ms` is how long
     /// a session's records may be kept after it was created (the longest
     /// call and then the retention), so the history names every shard that
-    /// may still hold a session. When the kept revisions no longer say, the
-    /// history is every count up to 32 (the safe side: every shard is asked).
+    /// may still hold a session. A replaced map counts for
+    /// [`REPLACED_MAP_USE_MS`] longer: a shard may still create sessions
+    /// under it until its lease granted before the change lapses. When the
+    /// kept revisions no longer say, the history is every count up to 32
+    /// (the safe side: every shard is asked).
     pub fn map_notice(&self, now_ms: i64, horizon_ms: i64) -> Result<MapNotice, EngineError> {
         let (revision, map) = self.shard_map()?;
-        let since = now_ms.saturating_sub(horizon_ms);
+        let since = now_ms.saturating_sub(horizon_ms + REPLACED_MAP_USE_MS);
         let history = shard_map::in_force_since(&self.map_history()?, since).unwrap_or(u32::MAX);
         Ok(MapNotice::new(revision, map.call_shards as u32, history))
     }

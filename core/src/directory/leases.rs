@@ -22,7 +22,7 @@
 use super::queries::LeaseRow;
 use super::{Directory, EngineError};
 use crate::eligibility::effective_max_calls;
-use crate::messages::{Lease, LeaseAsk, PerNode, LEASE_MS, LEASE_VERSION};
+use crate::messages::{Lease, LeaseAsk, MapNotice, PerNode, LEASE_MS, LEASE_VERSION};
 use crate::store::Store;
 
 impl<S: Store> Directory<S> {
@@ -95,8 +95,9 @@ impl<S: Store> Directory<S> {
 
     /// Answers a shard's ask at `now_ms`: its view, and per registered node
     /// a cap that keeps the node's limit across shards. `global_open` is
-    /// `global`'s own open calls per node; `call_shards` the map's count
-    /// (a shard's spare room on a node is `max(1, limit / 2N)`). `None` for
+    /// `global`'s own open calls per node; `map` the map in force, which
+    /// the lease carries (a shard's spare room on a node is
+    /// `max(1, limit / 2N)` for its `N` shards). `None` for
     /// an ask older than the newest answered (late or repeated). A shard
     /// that wants room on a node that has none left is asked, through
     /// [`Directory::poll_reclaim`], which shards hold spare room there.
@@ -104,7 +105,7 @@ impl<S: Store> Directory<S> {
         &self,
         ask: &LeaseAsk,
         global_open: &PerNode<u32>,
-        call_shards: u32,
+        map: MapNotice,
         now_ms: i64,
     ) -> Result<Option<Lease>, EngineError> {
         if ask.v != LEASE_VERSION || ask.shard == 0 {
@@ -137,7 +138,7 @@ impl<S: Store> Directory<S> {
                 let spare = if ask.reclaimed {
                     0
                 } else {
-                    (limit / (2 * call_shards.max(1))).max(1)
+                    (limit / (2 * map.call_shards.max(1))).max(1)
                 };
                 let cap = free.min(open + spare);
                 if cap <= open && ask.want.iter().any(|w| w == node) {
@@ -169,6 +170,7 @@ impl<S: Store> Directory<S> {
             view,
             until_ms: row.until_ms,
             caps,
+            map: Some(map),
         }))
     }
 

@@ -34,7 +34,7 @@ mod nodes;
 mod probes;
 mod queries;
 
-pub use documents::{DocError, KEPT_REVISIONS};
+pub use documents::{DocError, KEPT_REVISIONS, REPLACED_MAP_USE_MS};
 pub use nodes::{HeartbeatRefusal, NodeKey};
 pub use probes::ProbeAdmission;
 

@@ -14,6 +14,7 @@
 //! it answered, and the shard takes only the lease that answers its newest
 //! ask.
 
+use super::map::MapNotice;
 use super::view::{DirectoryView, PerNode};
 use serde::{Deserialize, Serialize};
 use std::rc::Rc;
@@ -62,6 +63,12 @@ pub struct Lease {
     /// Per node, the most open calls the shard may have while the lease
     /// holds. A node not listed: none.
     pub caps: PerNode<u32>,
+    /// The shard map in force, with its history as of the answer: a shard
+    /// adopts it before it takes the lease, so it never creates a session
+    /// under a map replaced more than a lease ago (`None` from a directory
+    /// that sends none: the lease is taken without it).
+    #[serde(default)]
+    pub map: Option<MapNotice>,
 }
 
 #[cfg(test)]
@@ -93,10 +100,12 @@ mod tests {
             view: Rc::new(DirectoryView::empty()),
             until_ms: 4_000,
             caps: [("M1".to_owned(), 1)].into_iter().collect(),
+            map: Some(MapNotice::new(2, 4, 1)),
         };
         let text = serde_json::to_string(&lease).unwrap();
         let back: Lease = serde_json::from_str(&text).unwrap();
         assert_eq!(serde_json::to_string(&back).unwrap(), text);
         assert_eq!((back.view.v, back.caps.get("M1")), (1, Some(1)));
+        assert_eq!(back.map, lease.map);
     }
 }

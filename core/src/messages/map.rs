@@ -12,9 +12,12 @@ pub const MAP_VERSION: u16 = 1;
 /// force within the holding horizon (so that a shard can tell where else a
 /// session may have been created).
 ///
-/// Notices are ordered by `revision` alone: the directory is the only
-/// writer of the map and its revisions only grow. A receiver keeps the
-/// newest; an older one, late or repeated, changes nothing.
+/// Notices are ordered by `revision`, then, within one revision, by a
+/// narrower `history`: the directory is the only writer of the map, its
+/// revisions only grow, and as the holding horizon passes it issues the
+/// same revision with the counts that fell out of it removed (a narrower
+/// history stays true for as long as the revision is in force). A receiver
+/// keeps the newest; an older one, late or repeated, changes nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MapNotice {
     /// [`MAP_VERSION`].
@@ -53,9 +56,11 @@ impl MapNotice {
         }
     }
 
-    /// True when this notice is newer than `other`.
+    /// True when this notice is newer than `other`: a later revision, or
+    /// the same revision with a strictly narrower history.
     pub fn supersedes(&self, other: &MapNotice) -> bool {
-        self.revision > other.revision
+        let narrower = self.history != other.history && self.history & !other.history == 0;
+        self.revision > other.revision || (self.revision == other.revision && narrower)
     }
 
     /// The shard a new session `id` is placed on now.
@@ -141,5 +146,17 @@ mod tests {
     fn a_newer_revision_supersedes() {
         let (a, b) = (MapNotice::new(1, 2, 0), MapNotice::new(2, 1, 0b10));
         assert!(b.supersedes(&a) && !a.supersedes(&b) && !a.supersedes(&a));
+    }
+
+    #[test]
+    fn the_same_revision_supersedes_only_when_narrower() {
+        let wide = MapNotice::new(5, 4, 0b0001);
+        let narrow = MapNotice::new(5, 4, 0);
+        assert!(narrow.supersedes(&wide) && !wide.supersedes(&narrow));
+        // A history that is not a subset is never taken for a narrowing.
+        let other = MapNotice::new(5, 4, 0b0010);
+        assert!(!other.supersedes(&wide) && !wide.supersedes(&other));
+        // A later revision supersedes whatever its history.
+        assert!(MapNotice::new(6, 4, 0b0111).supersedes(&narrow));
     }
 }

@@ -87,15 +87,24 @@ impl<S: Store> CallShard<S> {
     }
 
     /// The directory's answer: taken when it answers this shard's newest
-    /// ask (since it started). Returns true when taken.
-    pub fn handle_lease(&self, lease: Lease) -> bool {
+    /// ask (since it started), after the map it carries is adopted (when
+    /// newer), so that a shard under a lease holds a map replaced at most a
+    /// lease ago. Returns true when taken.
+    pub fn handle_lease(&self, lease: Lease) -> Result<bool, EngineError> {
         let newest = self.asked.get() == Some(lease.seq);
-        if lease.v != LEASE_VERSION || lease.shard != self.index || !newest {
-            return false;
+        if lease.v != LEASE_VERSION
+            || lease.shard != self.index
+            || !newest
+            || self.lease_state.borrow().is_none()
+        {
+            return Ok(false);
+        }
+        if let Some(map) = &lease.map {
+            self.handle_map(map)?;
         }
         let mut state = self.lease_state.borrow_mut();
         let Some(held) = &mut *state else {
-            return false;
+            return Ok(false);
         };
         *held = Some(HeldLease {
             usable_until_ms: lease.until_ms - CLOCK_MARGIN_MS,
@@ -103,7 +112,7 @@ impl<S: Store> CallShard<S> {
         });
         drop(state);
         self.handle_input(ShardInput::View(Rc::clone(&lease.view)));
-        true
+        Ok(true)
     }
 
     /// For `global`'s own shard: per node, the open calls the other shards

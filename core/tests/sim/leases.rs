@@ -309,7 +309,7 @@ impl LeaseWorld {
                 if self.plant == Some(Plant::CapacityPerShard) {
                     // No leases: the view alone, and no caps.
                     shard.handle_input(ShardInput::View(lease.view));
-                } else if shard.handle_lease(lease) {
+                } else if shard.handle_lease(lease).expect("lease taken") {
                     self.leases += 1;
                     self.asked_at[k as usize] = None;
                 }
