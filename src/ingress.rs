@@ -159,19 +159,20 @@ async fn decide(
 }
 
 /// Sends a webhook to its session's holder (SPEC §16, [`placing`]); a
-/// webhook that names no session goes to `global`.
+/// webhook that names no session goes to its leg's holder.
 async fn place(env: &Env, webhook: Webhook, answer_by: i64) -> Result<Reply<Next>, Unavailable> {
     let session = webhook.envelope.session_hint().map(str::to_owned);
+    let leg = webhook.envelope.call_control_id.clone();
     let request = ProtocolRequest::Webhook {
         envelope: Some(webhook.envelope),
         headers: webhook.headers,
         received_at_ms: Some(webhook.received_at_ms),
         map: None,
         absent: None,
+        legs_asked: false,
     };
     let Some(session) = session else {
-        let left = answer_by - now_ms();
-        return protocol::call_within(env, &request, &webhook.body, left).await;
+        return placing::to_leg_holder(env, leg, request, &webhook.body, answer_by).await;
     };
     let redirect_of = |next: &Next| match next {
         Next::Redirect(redirect) => Some(redirect.clone()),

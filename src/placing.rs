@@ -11,8 +11,8 @@
 //! only one.
 
 use crate::clock::now_ms;
-use crate::protocol::{self, Held, Reply, Request, Unavailable, View};
-use callfence_core::engine::{Holds, MapNotice, Redirect};
+use crate::protocol::{self, Held, Next, Reply, Request, Unavailable, View};
+use callfence_core::engine::{Arrival, Holds, MapNotice, Redirect};
 use callfence_core::locate::{Locate, Transmit, MAX_REQUESTS};
 use serde::de::DeserializeOwned;
 use std::cell::Cell;
@@ -66,6 +66,53 @@ pub async fn to_holder<T: DeserializeOwned>(
             }
         }
     }
+}
+
+/// Sends a webhook that names no session to the holder of its leg `leg`
+/// (SPEC §16): to `global` first, carrying this isolate's map; when
+/// `global` does not know the leg and other shards may ([`Redirect::Leg`]),
+/// each of them is asked [`Request::Leg`] at once, and the webhook goes to
+/// the one that knows it, or back to `global` to be recorded as unroutable
+/// when none does. A shard that cannot be asked may know it: 503, and the
+/// carrier retries.
+pub async fn to_leg_holder(
+    env: &Env,
+    leg: Option<String>,
+    mut request: Request,
+    payload: &[u8],
+    answer_by: i64,
+) -> Result<Reply<Next>, Unavailable> {
+    let mut arrival = Arrival {
+        map: Some(known_map()),
+        ..Arrival::default()
+    };
+    request.set_arrival(arrival.clone());
+    let left = answer_by - now_ms();
+    let reply = protocol::call_within::<Next>(env, &request, payload, left).await?;
+    let (Reply::Done(Next::Redirect(Redirect::Leg { shards, map })), Some(leg)) = (&reply, leg)
+    else {
+        return Ok(reply);
+    };
+    remember_map(*map);
+    let question = Request::Leg {
+        call_control_id: leg,
+    };
+    let left = answer_by - now_ms();
+    let asked = shards
+        .iter()
+        .map(|&k| protocol::call_shard_within::<Held>(env, k, &question, b"", left));
+    let answers = futures_util::future::join_all(asked).await;
+    let mut holder = 0;
+    for (&k, answer) in shards.iter().zip(answers) {
+        if let Reply::Done(Held { held: true }) = answer? {
+            holder = k;
+        }
+    }
+    arrival.map = Some(*map);
+    arrival.legs_asked = true;
+    request.set_arrival(arrival);
+    let left = answer_by - now_ms();
+    protocol::call_shard_within(env, holder, &request, payload, left).await
 }
 
 /// The redirect in a relayed answer (a node's request, a call's record).

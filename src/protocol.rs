@@ -52,8 +52,9 @@
 //! |---|---|---|
 //! | `Ping` | none | [`Documents`] |
 //! | `NodeKeys` | none | [`NodeKeys`] |
-//! | `Webhook` (`envelope`, `headers`, `received_at_ms`, `map`?, `absent`?) | the raw webhook body | [`Next`]: a forward made and its answer, the carrier's answer, or a [`Redirect`] (SPEC §16) |
+//! | `Webhook` (`envelope`, `headers`, `received_at_ms`, `map`?, `absent`?, `legs_asked`?) | the raw webhook body | [`Next`]: a forward made and its answer, the carrier's answer, or a [`Redirect`] (SPEC §16) |
 //! | `Holds` (`call_session_id`, `map`) | none | [`Held`] |
+//! | `Leg` (`call_control_id`) | none | [`Held`]: whether the shard knows the leg |
 //! | `LeaseAsk` (`ask`), to `global` | none | [`Leased`] |
 //! | `Map`, to `global` | none | [`MapInForce`] |
 //! | `MapPush` (`map`), to a call shard | none | `{}`, the map adopted if newer |
@@ -170,6 +171,16 @@ pub enum Request {
         /// session, and the map revision they answered under.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         absent: Option<(u64, Vec<u32>)>,
+        /// For an event that names no session: every other shard was asked
+        /// whether it knows the event's leg ([`Request::Leg`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        legs_asked: bool,
+    },
+    /// Whether this shard knows a leg, asked for an event that names no
+    /// session (SPEC §16: it reaches the leg's holder).
+    Leg {
+        /// The leg.
+        call_control_id: String,
     },
     /// Whether this shard holds a session, asked for the shard that may
     /// create it under `map` (which the asked shard adopts first).
@@ -373,6 +384,7 @@ impl Request {
             Request::NodeKeys => "node_keys",
             Request::Webhook { .. } => "webhook",
             Request::Holds { .. } => "holds",
+            Request::Leg { .. } => "leg",
             Request::LeaseAsk { .. } => "lease_ask",
             Request::Reclaim => "reclaim",
             Request::Map => "map",
@@ -413,6 +425,7 @@ impl Request {
             | Request::NodeKeys
             | Request::Webhook { .. }
             | Request::Holds { .. }
+            | Request::Leg { .. }
             | Request::LeaseAsk { .. }
             | Request::Reclaim
             | Request::Map
@@ -439,8 +452,15 @@ impl Request {
     /// none.
     pub fn set_arrival(&mut self, arrival: Arrival) {
         match self {
-            Request::Webhook { map, absent, .. }
-            | Request::Fence { map, absent, .. }
+            Request::Webhook {
+                map,
+                absent,
+                legs_asked,
+                ..
+            } => {
+                (*map, *absent, *legs_asked) = (arrival.map, arrival.absent, arrival.legs_asked);
+            }
+            Request::Fence { map, absent, .. }
             | Request::Claim { map, absent, .. }
             | Request::MediaVerify { map, absent, .. }
             | Request::Call { map, absent, .. } => {
@@ -453,13 +473,23 @@ impl Request {
     /// What the Worker knows of the shard map, as a request carries it.
     pub fn arrival(&self) -> Arrival {
         match self {
-            Request::Webhook { map, absent, .. }
-            | Request::Fence { map, absent, .. }
+            Request::Webhook {
+                map,
+                absent,
+                legs_asked,
+                ..
+            } => Arrival {
+                map: *map,
+                absent: absent.clone(),
+                legs_asked: *legs_asked,
+            },
+            Request::Fence { map, absent, .. }
             | Request::Claim { map, absent, .. }
             | Request::MediaVerify { map, absent, .. }
             | Request::Call { map, absent, .. } => Arrival {
                 map: *map,
                 absent: absent.clone(),
+                legs_asked: false,
             },
             _ => Arrival::default(),
         }
@@ -517,6 +547,7 @@ impl Request {
             Request::Ping
             | Request::NodeKeys
             | Request::Holds { .. }
+            | Request::Leg { .. }
             | Request::Reclaim
             | Request::Map
             | Request::MapPush { .. }
@@ -1105,6 +1136,7 @@ mod tests {
             received_at_ms: Some(5),
             map: Some(map),
             absent: Some((3, vec![0, 2])),
+            legs_asked: true,
         };
         let message = decode_request("webhook", &encode_request(&webhook, b"{}")).unwrap();
         assert_eq!(message.request, webhook);

@@ -368,6 +368,12 @@ impl<S: Store> Engine<S> {
         self.shard.handle_holds(id, map)
     }
 
+    /// Whether the shard knows the leg `call_control_id`
+    /// ([`CallShard::holds_leg`]).
+    pub fn holds_leg(&self, call_control_id: &str) -> Result<bool, EngineError> {
+        self.shard.holds_leg(call_control_id)
+    }
+
     /// The outcome of a forward ([`CallShard::handle_report`]).
     pub fn handle_report(&self, report: &Report, now_ms: i64) -> Result<ReportEffect, EngineError> {
         self.on_shard(now_ms, |s| s.handle_report(report, now_ms))

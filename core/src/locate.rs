@@ -77,7 +77,7 @@ impl Locate {
             map,
             arrival: Arrival {
                 map: Some(map),
-                absent: None,
+                ..Arrival::default()
             },
             asking: None,
             requests: 0,
@@ -147,6 +147,9 @@ impl Locate {
                     back: self.to,
                 });
             }
+            // Only for an event that names no session, which the Worker
+            // does not place with this driver.
+            Redirect::Leg { map, .. } => self.learn(map),
         }
     }
 

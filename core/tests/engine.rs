@@ -1248,6 +1248,7 @@ fn a_call_shard_s_own_object_decides_only_under_a_lease_from_global() {
     let arrival = Arrival {
         map: Some(map),
         absent: Some((1, vec![0])),
+        legs_asked: false,
     };
     let body = |id: &str| {
         json!({"data": {"id": id, "event_type": "call.initiated", "payload": {"call_session_id": session,
@@ -1373,7 +1374,7 @@ fn a_lease_carries_the_map_whose_history_narrows_past_the_horizon() {
     let envelope = parse_envelope(body.as_bytes()).unwrap();
     let arrival = Arrival {
         map: Some(wide),
-        absent: None,
+        ..Arrival::default()
     };
     let webhook = |now: i64| {
         calls1
@@ -1404,4 +1405,88 @@ fn a_lease_carries_the_map_whose_history_narrows_past_the_horizon() {
     );
     assert!(global.shard().handle_holds(&session, &wide).unwrap() == Holds::Absent);
     assert_eq!(global.shard().map().unwrap(), narrow);
+}
+
+/// An event that names no session reaches its leg's holder (SPEC §16):
+/// a shard that does not know the leg, under a map whose history had
+/// other shards, stores nothing and names the shards to ask; the one that
+/// knows the leg serves it as its session's event; when none does, the
+/// shard asked first records it as unroutable. Under a one-shard map
+/// nothing is asked.
+#[test]
+fn an_event_with_no_session_reaches_the_holder_of_its_leg() {
+    let config = EngineConfig {
+        call_shards_cap: 2,
+        ..EngineConfig::default()
+    };
+    let store = SqliteStore::in_memory().unwrap();
+    migrate(&store, T0).unwrap();
+    let global = Engine::new(store, config.clone());
+    let store = SqliteStore::in_memory().unwrap();
+    migrate(&store, T0).unwrap();
+    let calls1 = Engine::call_shard(store, config, 1);
+    let event = |id: &str, payload: serde_json::Value| {
+        let body = json!({"data": {"id": id, "event_type": "call.hangup", "payload": payload}})
+            .to_string();
+        (parse_envelope(body.as_bytes()).unwrap(), body)
+    };
+    let send = |engine: &Engine<SqliteStore>, (envelope, body): &(_, String), legs_asked| {
+        let arrival = Arrival {
+            legs_asked,
+            ..Arrival::default()
+        };
+        engine
+            .handle_placed_webhook(envelope, body, &[], &arrival, T0)
+            .unwrap()
+    };
+    let legless = event("e-legless", json!({"call_control_id": "leg-k1"}));
+    assert!(
+        matches!(send(&global, &legless, false), Ingress::Unroutable),
+        "one shard: recorded where it is"
+    );
+
+    let doc = json!({"schema": SHARDS_SCHEMA, "call_shards": 2}).to_string();
+    global
+        .put_document(DocKind::Shards, doc.as_bytes(), Some("\"0\""), "t", T0)
+        .unwrap();
+    let map = global.shard().map().unwrap();
+    let session = (0..100)
+        .map(|i| format!("v3:leg-{i}"))
+        .find(|s| map.home(s) == 1)
+        .unwrap();
+    let first = event(
+        "e-first",
+        json!({"call_session_id": session, "call_control_id": "leg-k1"}),
+    );
+    let arrival = Arrival {
+        map: Some(map),
+        absent: Some((map.revision, vec![0])),
+        legs_asked: false,
+    };
+    let created = calls1
+        .handle_placed_webhook(&first.0, &first.1, &[], &arrival, T0)
+        .unwrap();
+    assert!(!matches!(created, Ingress::Redirect(_)), "{created:?}");
+    assert!(calls1.holds_leg("leg-k1").unwrap());
+    assert!(!global.holds_leg("leg-k1").unwrap());
+
+    let hangup = event("e-hangup", json!({"call_control_id": "leg-k1"}));
+    assert!(
+        matches!(send(&global, &hangup, false), Ingress::Redirect(Redirect::Leg { ref shards, .. }) if shards == &[1]),
+        "global asks the other shard first and stores nothing"
+    );
+    let stored: Vec<String> = global.events(None, Some(10)).unwrap()["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(stored, ["e-legless"], "the hangup is not stored in global");
+    let served = send(&calls1, &hangup, true);
+    assert!(
+        !matches!(served, Ingress::Unroutable | Ingress::Redirect(_)),
+        "the leg's holder serves it as its session's event: {served:?}"
+    );
+    let unknown = event("e-unknown", json!({"call_control_id": "leg-nobody"}));
+    assert!(matches!(send(&global, &unknown, true), Ingress::Unroutable));
 }

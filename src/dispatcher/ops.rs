@@ -139,6 +139,7 @@ pub fn serve<S: Store>(
             received_at_ms,
             map,
             absent,
+            legs_asked,
         } => {
             if !admission::admits_webhook(*received_at_ms, now_ms) {
                 engine
@@ -149,6 +150,7 @@ pub fn serve<S: Store>(
                 let arrival = Arrival {
                     map: *map,
                     absent: absent.clone(),
+                    legs_asked: *legs_asked,
                 };
                 let placed = Placed {
                     envelope: envelope.as_ref(),
@@ -172,6 +174,9 @@ pub fn serve<S: Store>(
             map,
         } => done(&Held {
             held: engine.handle_holds(call_session_id, map)? == Holds::Held,
+        }),
+        Request::Leg { call_control_id } => done(&Held {
+            held: engine.holds_leg(call_control_id)?,
         }),
         Request::LeaseAsk { ask } => done(&Leased {
             lease: engine.handle_lease_ask(ask, now_ms)?,
@@ -604,6 +609,7 @@ mod tests {
             received_at_ms: None,
             map: None,
             absent: None,
+            legs_asked: false,
         };
         let reply = answer_of(
             serve(
@@ -638,6 +644,7 @@ mod tests {
             received_at_ms: None,
             map: Some(map),
             absent: None,
+            legs_asked: false,
         };
         let message = message(request, body.as_bytes());
         answer_of(serve(e, None, &Profile::default(), &message, 1_796_000_000_000).unwrap())

@@ -55,6 +55,7 @@ pub fn serves(engine: &Engine<DoStore>, request: &Request) -> bool {
             request,
             Request::Webhook { .. }
                 | Request::Holds { .. }
+                | Request::Leg { .. }
                 | Request::Reclaim
                 | Request::MapPush { .. }
                 | Request::Fence { .. }

@@ -109,6 +109,26 @@ describe("call shards: four objects, one holder per session", () => {
     }
   });
 
+  test("an event that names no session reaches the holder of its leg, on any shard", async () => {
+    const m1 = cluster.nodes.M1;
+    for (let k = 0; k < 4; k++) {
+      const session = sessionOn(k, 4, "legless");
+      const first = await webhook(edge, initiated(session));
+      assert.equal(first.status, 200, `shard ${k}: ${JSON.stringify(first.body)}`);
+      const before = m1.origin.requests.length;
+      const hangup = callEvent("call.hangup", { leg: `leg-${session}` });
+      const got = await webhook(edge, hangup);
+      assert.equal(got.status, 200, `shard ${k}: ${JSON.stringify(got.body)}`);
+      assert.equal(got.body.unroutable, undefined, `shard ${k}: ${JSON.stringify(got.body)}`);
+      assert.equal(got.body.delivered_to, "M1", `shard ${k}: ${JSON.stringify(got.body)}`);
+      assert.equal(m1.origin.requests.length, before + 1, `shard ${k}: forwarded once, to the leg's owner`);
+      const record = await admin(edge, `/v1/calls/${encodeURIComponent(session)}`);
+      assert.ok(JSON.stringify(record.body).includes(hangup.data.id), `shard ${k}: ${JSON.stringify(record.body)}`);
+    }
+    const nobody = await webhook(edge, callEvent("call.hangup", { leg: "leg-of-no-call" }));
+    assert.deepEqual([nobody.status, nobody.body.unroutable], [200, true], JSON.stringify(nobody.body));
+  });
+
   test("status sums the open calls of every shard, and decisions merge them newest first", async () => {
     const open = async () => {
       const status = await admin(edge, "/v1/status");

@@ -109,6 +109,15 @@ pub enum Redirect {
         /// The map the shard holds, carried in each question.
         map: MapNotice,
     },
+    /// The event names no session and a leg (`call_control_id`) this shard
+    /// does not know: ask each of `shards` whether it knows the leg, send
+    /// the event to the one that does, or back here saying that none does.
+    Leg {
+        /// The other shards that may hold the leg's session.
+        shards: Vec<u32>,
+        /// The map the shard holds.
+        map: MapNotice,
+    },
 }
 
 #[cfg(test)]

@@ -32,6 +32,10 @@ pub struct Arrival {
     /// The shards that answered "absent" for this session, and the map
     /// revision their answers were given under.
     pub absent: Option<(u64, Vec<u32>)>,
+    /// For an event that names no session: every other shard was asked
+    /// whether it knows the event's leg, and none does (or this is the one
+    /// that does).
+    pub legs_asked: bool,
 }
 
 /// The answer to [`CallShard::handle_holds`].
@@ -143,6 +147,27 @@ impl<S: Store> CallShard<S> {
             };
             Ok(self.q().session(id)?.is_none().then_some(redirect))
         })
+    }
+
+    /// For an event that names no session and a leg this shard does not
+    /// know (SPEC §16: it reaches the leg's holder): where the Worker asks
+    /// first, when a map of the history had other shards and the Worker
+    /// has not asked them yet; `None` when the event is this shard's to
+    /// record as unroutable. Runs inside the webhook's unit.
+    pub(super) fn leg_check(&self, arrival: &Arrival) -> Result<Option<Ingress>, EngineError> {
+        let map = self.adopt(arrival.map.as_ref())?;
+        if arrival.legs_asked || map.widest() <= 1 {
+            return Ok(None);
+        }
+        let shards = (0..map.widest()).filter(|&k| k != self.index).collect();
+        Ok(Some(Ingress::Redirect(Redirect::Leg { shards, map })))
+    }
+
+    /// True when this shard knows the leg `call_control_id` (its session's
+    /// holder does): the answer to a Worker placing an event that names no
+    /// session.
+    pub fn holds_leg(&self, call_control_id: &str) -> Result<bool, EngineError> {
+        Ok(self.q().leg_session(call_control_id)?.is_some())
     }
 
     /// The holder rule for a session not held here: `None` when this shard

@@ -108,7 +108,13 @@ impl<S: Store> CallShard<S> {
             let session_id = match envelope.session_hint() {
                 Some(id) => Some(id.to_owned()),
                 None => match envelope.call_control_id.as_deref() {
-                    Some(ccid) => q.leg_session(ccid)?,
+                    Some(ccid) => match q.leg_session(ccid)? {
+                        Some(id) => Some(id),
+                        None => match self.leg_check(arrival)? {
+                            Some(ask) => return Ok(ask),
+                            None => None,
+                        },
+                    },
                     None => None,
                 },
             };
