@@ -213,10 +213,6 @@ pub struct TestSwitches {
     /// webhook it delivered this long, as a slow commit or a long queue
     /// would (the Worker's answer deadline is tested against it).
     pub slow_answer_ms: Option<i64>,
-    /// `CALLFENCE_TEST_CALL_SHARDS`: maps of up to this many call shards
-    /// (at most 32) are taken, above this release's cap, so that the tests
-    /// run the call shards' objects.
-    pub call_shards: Option<u64>,
 }
 
 #[cfg(feature = "testing")]
@@ -236,8 +232,6 @@ impl TestSwitches {
                 .and_then(|v| v.trim().parse::<u32>().ok()),
             writes_only: var("CALLFENCE_TEST_WRITES_ONLY").is_some_and(|v| v.trim() == "1"),
             slow_answer_ms: positive("CALLFENCE_TEST_SLOW_ANSWER_MS"),
-            call_shards: positive("CALLFENCE_TEST_CALL_SHARDS")
-                .map(|n| n.min(callfence_core::shard_map::MAX_CALL_SHARDS as i64) as u64),
         }
     }
 }
@@ -402,19 +396,8 @@ impl Config {
                 .map(|ids| ids.iter().cloned().collect()),
             allow_plaintext: self.admin.as_ref().is_ok_and(|a| a.allow_plaintext),
             session_cap: ingress.map_or(DEFAULT_SESSION_CAP, |i| i.session_cap),
-            call_shards_cap: self.call_shards_cap(),
             timing: self.timing(),
         }
-    }
-
-    /// The most call shards a map may name: this release's, or a `testing`
-    /// build's `CALLFENCE_TEST_CALL_SHARDS`.
-    fn call_shards_cap(&self) -> u64 {
-        #[cfg(feature = "testing")]
-        if let Some(n) = self.test.call_shards {
-            return n;
-        }
-        callfence_core::shard_map::RELEASE_CALL_SHARDS
     }
 
     /// The background timing: the defaults, with a `testing` build's

@@ -59,6 +59,7 @@
 //! | `Map`, to `global` | none | [`MapInForce`] |
 //! | `MapPush` (`map`), to a call shard | none | `{}`, the map adopted if newer |
 //! | `Reclaim`, to a call shard | none | `{}`, once it asked for a lease wanting no spare room |
+//! | `Revoke` (`seq`), to a call shard | none | `{}`, once it gave up the lease for ask `seq` (if it held it) |
 //! | `Mark` (`mark`), to `global` | none | `{}` |
 //! | `Report` (`report`) | none | [`Next`] (a reassigned call's next forward) |
 //! | `Heartbeat` (`node`, `kid`, `signed_at_s`) | the beat | the heartbeat answer (§6), relayed |
@@ -208,6 +209,14 @@ pub enum Request {
     /// spare room: it asks for a new lease wanting none
     /// ([`callfence_core::directory::Directory::poll_reclaim`]).
     Reclaim,
+    /// From `global`, after a change that a call shard's lease (the answer
+    /// to its ask `seq`) was granted without: the shard gives it up (SPEC
+    /// §16, `CallShard::handle_revoke`), so the change is acknowledged
+    /// without waiting for the lease's end.
+    Revoke {
+        /// The ask the lease answered.
+        seq: u64,
+    },
     /// A call shard's forward mark, to `global`.
     Mark {
         /// The mark.
@@ -387,6 +396,7 @@ impl Request {
             Request::Leg { .. } => "leg",
             Request::LeaseAsk { .. } => "lease_ask",
             Request::Reclaim => "reclaim",
+            Request::Revoke { .. } => "revoke",
             Request::Map => "map",
             Request::MapPush { .. } => "map_push",
             Request::Mark { .. } => "mark",
@@ -428,6 +438,7 @@ impl Request {
             | Request::Leg { .. }
             | Request::LeaseAsk { .. }
             | Request::Reclaim
+            | Request::Revoke { .. }
             | Request::Map
             | Request::MapPush { .. }
             | Request::Mark { .. }
@@ -549,6 +560,7 @@ impl Request {
             | Request::Holds { .. }
             | Request::Leg { .. }
             | Request::Reclaim
+            | Request::Revoke { .. }
             | Request::Map
             | Request::MapPush { .. }
             | Request::MediaVerify { .. }

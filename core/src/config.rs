@@ -58,9 +58,6 @@ pub struct EngineConfig {
     pub connection_ids: Option<Vec<String>>,
     /// `ORIGIN_ALLOW_PLAINTEXT`: accept `http://` origins in the registry.
     pub allow_plaintext: bool,
-    /// The most call shards a map may name: this release's
-    /// ([`crate::shard_map::RELEASE_CALL_SHARDS`]) unless a test raises it.
-    pub call_shards_cap: u64,
     /// Background timing.
     pub timing: Timing,
     /// `SESSION_CAP`: the sessions table's row cap (SPEC §9), at least 1.
@@ -77,7 +74,6 @@ impl Default for EngineConfig {
             forward_timeout_ms: 1_500,
             connection_ids: None,
             allow_plaintext: false,
-            call_shards_cap: crate::shard_map::RELEASE_CALL_SHARDS,
             timing: Timing::default(),
             session_cap: DEFAULT_SESSION_CAP,
         }

@@ -169,8 +169,8 @@ pub struct LineRef<'a> {
 
 /// True when a decision made on `new` is the one it would make on `old`,
 /// the beat it replaces: `old` still vouches for the node at `now_ms` and
-/// no longer than `new` does, and every other field a rule reads is the
-/// same (for the reported calls, whether
+/// no longer than `new` does, both or neither are skewed, and every other
+/// field a rule reads is the same (for the reported calls, whether
 /// they reach the limit, with `registry_max` the registry's `max_calls`).
 /// A beat that only repeats its node needs no acknowledgement across
 /// shards (SPEC §16).
@@ -184,8 +184,10 @@ pub fn same_for_decisions(old: &Beat, new: &Beat, registry_max: Option<u32>, now
             .min(registry_max.unwrap_or(u32::MAX));
         beat.heartbeat.capacity.active_calls >= limit
     };
+    let skewed = |beat: &Beat| (beat.signed_at_ms - beat.received_at_ms).abs() > MAX_BEAT_SKEW_MS;
     old.valid_until_ms() > now_ms
         && new.valid_until_ms() >= old.valid_until_ms()
+        && skewed(old) == skewed(new)
         && a.mode == b.mode
         && a.sha == b.sha
         && a.dirty == b.dirty
@@ -432,6 +434,18 @@ mod tests {
                 },
             ),
         );
+    }
+
+    #[test]
+    fn a_beat_that_starts_or_ends_a_skew_changes_decisions() {
+        let old = beat();
+        let mut same = beat();
+        same.heartbeat.seq = 2;
+        assert!(same_for_decisions(&old, &same, None, NOW));
+        let mut skewed = same.clone();
+        skewed.signed_at_ms = NOW + MAX_BEAT_SKEW_MS + 1;
+        assert!(!same_for_decisions(&old, &skewed, None, NOW));
+        assert!(!same_for_decisions(&skewed, &same, None, NOW));
     }
 
     #[test]

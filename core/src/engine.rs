@@ -67,8 +67,7 @@ impl<S: Store> Engine<S> {
     pub fn new(store: S, config: EngineConfig) -> Self {
         let store = Rc::new(store);
         Self {
-            directory: Directory::new(store.clone(), config.allow_plaintext)
-                .capped_at(config.call_shards_cap),
+            directory: Directory::new(store.clone(), config.allow_plaintext),
             shard: CallShard::new(store.clone(), config),
             store,
             directs: true,
@@ -293,10 +292,37 @@ impl<S: Store> Engine<S> {
         ask: &LeaseAsk,
         now_ms: i64,
     ) -> Result<Option<Lease>, EngineError> {
+        self.lease_for(ask, false, now_ms)
+    }
+
+    /// The same ask answered once more, before its first answer was sent:
+    /// the shards it made the directory ask to report have reported
+    /// ([`Engine::reclaim_pending`]), and the room they gave back counts.
+    pub fn handle_lease_ask_again(
+        &self,
+        ask: &LeaseAsk,
+        now_ms: i64,
+    ) -> Result<Option<Lease>, EngineError> {
+        self.lease_for(ask, true, now_ms)
+    }
+
+    fn lease_for(
+        &self,
+        ask: &LeaseAsk,
+        again: bool,
+        now_ms: i64,
+    ) -> Result<Option<Lease>, EngineError> {
         let open = self.shard.open_calls()?;
         let map = self.map_notice(now_ms)?;
         self.shard.handle_map(&map)?;
-        self.directory.handle_lease_ask(ask, &open, map, now_ms)
+        self.directory
+            .handle_lease_ask(ask, &open, map, again, now_ms)
+    }
+
+    /// True when a call shard is to be asked to report
+    /// ([`Engine::poll_reclaim`]).
+    pub fn reclaim_pending(&self) -> bool {
+        self.directory.reclaim_pending()
     }
 
     /// Another call shard's forward mark, applied to the node's forward
@@ -312,6 +338,17 @@ impl<S: Store> Engine<S> {
     pub fn acknowledge_at(&self, now_ms: i64) -> Result<i64, EngineError> {
         let decisive = self.directory.take_decisive();
         self.directory.acknowledge_at(now_ms, decisive)
+    }
+
+    /// The leases to revoke before the last change can be acknowledged
+    /// ([`Directory::revoke_targets`]).
+    pub fn revoke_targets(&self, now_ms: i64) -> Result<Vec<(u32, u64)>, EngineError> {
+        self.directory.revoke_targets(now_ms)
+    }
+
+    /// A shard gave up its lease for ask `seq` ([`Directory::revoked`]).
+    pub fn revoked(&self, shard: u32, seq: u64, now_ms: i64) -> Result<(), EngineError> {
+        self.directory.revoked(shard, seq, now_ms)
     }
 
     /// The next shard to ask to report ([`Directory::poll_reclaim`]).

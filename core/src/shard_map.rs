@@ -3,10 +3,8 @@
 //! oldest release the deployment can be rolled back to.
 //!
 //! The map is written like the other documents (§4: compare-and-set,
-//! history, `invalid_document`). This release places every call in
-//! `global` (call shard 0), so it stores only maps of one shard
-//! ([`RELEASE_CALL_SHARDS`]) and refuses a larger one with a finding that
-//! says so, rather than keep a map it would not honour.
+//! history, `invalid_document`), with `call_shards` from 1 to
+//! [`MAX_CALL_SHARDS`].
 
 use crate::problem::{pointer_segment, Problem, Problems};
 use serde_json::{json, Value};
@@ -16,9 +14,6 @@ pub const SHARDS_SCHEMA: &str = "callfence_shards_v1";
 
 /// The most call shards a map may name (SPEC §16).
 pub const MAX_CALL_SHARDS: u64 = 32;
-
-/// The most call shards this release places calls on.
-pub const RELEASE_CALL_SHARDS: u64 = 1;
 
 /// Largest accepted `PUT /v1/shards` body, in bytes.
 pub const MAX_SHARDS_BODY: usize = 4 * 1024;
@@ -43,8 +38,7 @@ impl ShardMap {
         json!({"schema": SHARDS_SCHEMA, "call_shards": self.call_shards})
     }
 
-    /// A stored map, read without this release's cap: a later release may
-    /// have stored more shards, and what is in force must be told as it is.
+    /// A stored map (a valid one, or `None`).
     pub fn load(stored: &Value) -> Option<ShardMap> {
         let call_shards = stored.get("call_shards")?.as_u64()?;
         (1..=MAX_CALL_SHARDS)
@@ -53,16 +47,9 @@ impl ShardMap {
     }
 }
 
-/// Checks a shard map document: `schema`, `call_shards` from 1 to 32 and
-/// no more than this release places calls on, no other field but
-/// `revision`. Returns every finding.
+/// Checks a shard map document: `schema`, `call_shards` from 1 to 32, no
+/// other field but `revision`. Returns every finding.
 pub fn validate(doc: &Value) -> Result<ShardMap, Vec<Problem>> {
-    validate_up_to(doc, RELEASE_CALL_SHARDS)
-}
-
-/// [`validate`] with a cap of `cap` call shards instead of this release's
-/// (a `testing` build's `CALLFENCE_TEST_CALL_SHARDS`).
-pub fn validate_up_to(doc: &Value, cap: u64) -> Result<ShardMap, Vec<Problem>> {
     let mut problems = Problems::new();
     let mut map = ShardMap::default();
     let Some(top) = doc.as_object() else {
@@ -81,16 +68,7 @@ pub fn validate_up_to(doc: &Value, cap: u64) -> Result<ShardMap, Vec<Problem>> {
         problems.push("/schema", format!("must be \"{SHARDS_SCHEMA}\""));
     }
     match top.get("call_shards").and_then(Value::as_u64) {
-        Some(n) if (1..=MAX_CALL_SHARDS).contains(&n) && n <= cap => {
-            map.call_shards = n;
-        }
-        Some(n) if (1..=MAX_CALL_SHARDS).contains(&n) => problems.push(
-            "/call_shards",
-            format!(
-                "{n} call shards: this release places every call in global and runs at most \
-                 {cap}; nothing was changed"
-            ),
-        ),
+        Some(n) if (1..=MAX_CALL_SHARDS).contains(&n) => map.call_shards = n,
         _ => problems.push(
             "/call_shards",
             format!("is required and must be an integer from 1 to {MAX_CALL_SHARDS}"),
@@ -194,7 +172,7 @@ mod tests {
             ShardMap::default().to_json(),
             json!({"schema": SHARDS_SCHEMA, "call_shards": 1})
         );
-        // A later release's wider map is read as stored; nonsense is not.
+        // A stored map is read as stored; nonsense is not.
         let wide = json!({"schema": SHARDS_SCHEMA, "call_shards": 8});
         assert_eq!(ShardMap::load(&wide), Some(ShardMap { call_shards: 8 }));
         assert_eq!(ShardMap::load(&json!({"call_shards": 0})), None);
@@ -215,12 +193,10 @@ mod tests {
     }
 
     #[test]
-    fn more_shards_than_this_release_runs_are_refused_as_such() {
-        for n in 2..=MAX_CALL_SHARDS {
-            let found = problems(json!({"schema": SHARDS_SCHEMA, "call_shards": n}));
-            assert_eq!(found.len(), 1);
-            assert_eq!(found[0].0, "/call_shards");
-            assert!(found[0].1.contains("this release"), "{found:?}");
+    fn every_count_from_one_to_thirty_two_is_valid() {
+        for n in 1..=MAX_CALL_SHARDS {
+            let doc = json!({"schema": SHARDS_SCHEMA, "call_shards": n});
+            assert_eq!(validate(&doc), Ok(ShardMap { call_shards: n }));
         }
     }
 

@@ -1182,7 +1182,6 @@ fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history(
         |e: &Engine<SqliteStore>, at: i64| e.directory().rollback_floor(at, retention).unwrap();
     assert_eq!(floor(&engine, T0), RollbackFloor::V1_3);
 
-    // This release refuses to widen the map, and nothing is stored.
     let put = |e: &Engine<SqliteStore>, n: u64, if_match: &str, at: i64| {
         let doc = json!({"schema": SHARDS_SCHEMA, "call_shards": n});
         e.put_document(
@@ -1193,23 +1192,16 @@ fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history(
             at,
         )
     };
+    // A bad count is refused, and nothing is stored.
     assert!(
-        matches!(put(&engine, 4, "\"0\"", T0), Err(DocError::InvalidDocument(p)) if p[0].path == "/call_shards")
+        matches!(put(&engine, 33, "\"0\"", T0), Err(DocError::InvalidDocument(p)) if p[0].path == "/call_shards")
     );
     assert_eq!(put(&engine, 1, "\"0\"", T0), Ok(1));
     assert_eq!(floor(&engine, T0 + HOUR), RollbackFloor::V1_3);
 
-    // A later release grew the map to 4 (its row as that release stores it);
-    // rolled back to this one (new objects, their caches empty), the map in
+    // Grown to 4; read back by a new object (its caches empty), the map in
     // force is told as it is.
-    let wide = json!({"schema": SHARDS_SCHEMA, "call_shards": 4}).to_string();
-    engine
-        .store()
-        .exec(
-            "INSERT INTO documents (kind, revision, body, written_at, writer_fp) VALUES ('shards', 2, ?, ?, 't')",
-            &[Value::Text(wide), Value::Int(T0 + HOUR)],
-        )
-        .unwrap();
+    assert_eq!(put(&engine, 4, "\"1\"", T0 + HOUR), Ok(2));
     let engine = Engine::new(engine.into_store(), EngineConfig::default());
     assert_eq!(
         engine.directory().shard_map().unwrap(),
@@ -1339,10 +1331,7 @@ fn a_call_shard_s_own_object_decides_only_under_a_lease_from_global() {
 /// cache, never widens it again.
 #[test]
 fn a_lease_carries_the_map_whose_history_narrows_past_the_horizon() {
-    let config = EngineConfig {
-        call_shards_cap: 2,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig::default();
     let horizon = config.timing.holding_horizon_ms();
     let store = SqliteStore::in_memory().unwrap();
     migrate(&store, T0).unwrap();
@@ -1415,10 +1404,7 @@ fn a_lease_carries_the_map_whose_history_narrows_past_the_horizon() {
 /// nothing is asked.
 #[test]
 fn an_event_with_no_session_reaches_the_holder_of_its_leg() {
-    let config = EngineConfig {
-        call_shards_cap: 2,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig::default();
     let store = SqliteStore::in_memory().unwrap();
     migrate(&store, T0).unwrap();
     let global = Engine::new(store, config.clone());

@@ -18,8 +18,9 @@ use callfence_core::store::Store;
 /// forward, whose outcome its report decides.
 pub fn ingress_outcome(ingress: &Ingress) -> Option<WebhookOutcome> {
     Some(match ingress {
-        // Sent on to the shard that decides it, which counts it.
-        Ingress::Forward(_) | Ingress::Redirect(_) => return None,
+        // Sent on to the shard that decides it, which counts it; or
+        // served again once room was asked for, and counted then.
+        Ingress::Forward(_) | Ingress::Redirect(_) | Ingress::NeedRoom => return None,
         Ingress::Delivered(_) => WebhookOutcome::Duplicate,
         Ingress::InProgress => WebhookOutcome::InProgress,
         Ingress::Pending(PendingReason::NoPolicy | PendingReason::NoEligibleNode) => {

@@ -11,6 +11,7 @@
 // the type; everything in `object` written by hand is documented.
 pub mod counting;
 mod deliver;
+mod lessee;
 #[allow(missing_docs)]
 mod object;
 mod ops;

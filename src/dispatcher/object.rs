@@ -6,6 +6,7 @@
 //! none of them.
 
 use super::deliver;
+use super::lessee::Lessee;
 use super::ops::{self, Served};
 #[cfg(feature = "testing")]
 use super::profile::{OpProfile, Profile};
@@ -32,6 +33,8 @@ pub struct Dispatcher {
     engine: OnceCell<Engine<DoStore>>,
     /// When the alarm is known to be armed (None: unknown, ask storage).
     armed_at: Cell<Option<i64>>,
+    /// A call shard's lease asks, one in flight at a time.
+    lessee: Lessee,
     /// The outcome of applying the migrations at construction.
     migrated: std::result::Result<(), String>,
     /// Where the time went, per operation (for `make bench`).
@@ -49,6 +52,7 @@ impl DurableObject for Dispatcher {
             env,
             engine: OnceCell::new(),
             armed_at: Cell::new(None),
+            lessee: Lessee::default(),
             migrated,
             #[cfg(feature = "testing")]
             profile: RefCell::new(Profile::default()),
@@ -84,7 +88,11 @@ impl DurableObject for Dispatcher {
                 protocol::encode_rejected(protocol::MessageError::UnknownOp),
             );
         }
-        if !role::lease(engine, &self.env, &message.request).await {
+        if !self
+            .lessee
+            .before(engine, &self.env, &message.request)
+            .await
+        {
             // Thrown: the Worker answers dispatcher_unavailable.
             return Err(worker::Error::RustError(
                 "this call shard holds no lease from global".into(),
@@ -111,15 +119,23 @@ impl DurableObject for Dispatcher {
             served.map_err(rust_error)
         };
         let mut served = serve(decoded)?;
-        if role::wants_room(engine, &message.request, &served) {
-            // A call shard found a node's cap reached: it asks for room
-            // and decides the parked event again under the new lease.
-            role::renew(engine, &self.env).await;
-            served = serve(now_ms())?;
+        if matches!(served, Served::NeedRoom) {
+            // A decision found a node full for want of room another shard
+            // may hold: nothing was stored. The room is asked for, and the
+            // request served again, its decision taken as it stands.
+            self.lessee.make_room(engine, &self.env).await;
+            served = engine.shard().as_is(|| serve(now_ms()))?;
         }
+        let served = role::lease_with_room(engine, &self.env, &message.request, served)
+            .await
+            .map_err(rust_error)?;
         #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
         let (reply, origin_ms) = match served {
             Served::Reply(reply) => (reply, 0),
+            Served::NeedRoom => {
+                // Served as it stands, a request is never undone twice.
+                return Err(worker::Error::RustError("a decision undone twice".into()));
+            }
             Served::Deliver {
                 forward,
                 received_at_ms,
@@ -192,7 +208,7 @@ impl DurableObject for Dispatcher {
         #[cfg(feature = "testing")]
         let (arrived, spent_before) = (now_ms(), engine.store().spent());
         self.armed_at.set(None);
-        role::renew(engine, &self.env).await;
+        self.lessee.renew(engine, &self.env).await;
         let work = engine
             .poll_alarm(now_ms())
             .map_err(|e| worker::Error::RustError(e.to_string()))?;
@@ -288,11 +304,17 @@ impl Dispatcher {
 
     /// Waits until a change of the directory this request made (or one
     /// still pending) is in force in every call shard: every lease granted
-    /// before it has lapsed (SPEC §16, `Engine::acknowledge_at`). At once
-    /// when no other shard holds a lease.
+    /// before it has been given up ([`role::revoke`]) or has lapsed (SPEC
+    /// §16, `Engine::acknowledge_at`). At once when no other shard holds a
+    /// lease.
     async fn acknowledged(&self, engine: &Engine<DoStore>) -> Result<()> {
         let now = now_ms();
-        let at = engine.acknowledge_at(now).map_err(rust_error)?;
+        let mut at = engine.acknowledge_at(now).map_err(rust_error)?;
+        if at > now {
+            role::revoke(engine, &self.env).await;
+            at = engine.acknowledge_at(now_ms()).map_err(rust_error)?;
+        }
+        let now = now_ms();
         if at > now {
             let wait = std::time::Duration::from_millis((at - now) as u64);
             worker::Delay::from(wait).await;

@@ -44,6 +44,10 @@ pub enum Served {
         /// When the Worker received the webhook, by its clock.
         received_at_ms: i64,
     },
+    /// A decision found a node full for want of room another shard may
+    /// hold, and was undone (SPEC §16): the Durable Object asks for the
+    /// room and serves the request again, as it stands.
+    NeedRoom,
     /// A bench-only `writes_only` whose first unit is written: the Durable
     /// Object yields (so that it commits on its own) and writes the second.
     #[cfg(feature = "testing")]
@@ -158,14 +162,15 @@ pub fn serve<S: Store>(
                     arrival: &arrival,
                 };
                 match webhook(engine, placed, payload, now_ms)? {
+                    None => return Ok(Served::NeedRoom),
                     // A version 1 Worker forwards and reports itself.
-                    Ok(Next::Forward(forward)) if received_at_ms.is_some() => {
+                    Some(Ok(Next::Forward(forward))) if received_at_ms.is_some() => {
                         return Ok(Served::Deliver {
                             forward,
                             received_at_ms: received_at_ms.unwrap_or(now_ms),
                         })
                     }
-                    way => Ok(encode(way)),
+                    Some(way) => Ok(encode(way)),
                 }
             }
         }
@@ -190,6 +195,10 @@ pub fn serve<S: Store>(
         }
         // The object asked for its lease before serving (`role::lease`).
         Request::Reclaim => done(&json!({})),
+        Request::Revoke { seq } => {
+            engine.shard().handle_revoke(*seq);
+            done(&json!({}))
+        }
         Request::Mark { mark } => {
             engine.handle_mark(mark.clone(), now_ms)?;
             done(&json!({}))
@@ -243,6 +252,7 @@ pub fn serve<S: Store>(
                 }
                 ClaimReply::StorageFull => Err(Refusal::StorageFull),
                 ClaimReply::NotRegistered => Err(Refusal::NodeAuth(NodeAuthError::UnknownNodeKey)),
+                ClaimReply::NeedRoom => return Ok(Served::NeedRoom),
             },
         },
         Request::MediaVerify { node, kid, .. } => match media {
@@ -345,13 +355,14 @@ struct Placed<'a> {
     arrival: &'a Arrival,
 }
 
-/// A verified webhook's way forward.
+/// A verified webhook's way forward; `None` when its decision was undone
+/// for want of room ([`Served::NeedRoom`]).
 fn webhook<S: Store>(
     engine: &Engine<S>,
     placed: Placed<'_>,
     payload: &[u8],
     now_ms: i64,
-) -> Result<Result<Next, Refusal>, EngineError> {
+) -> Result<Option<Result<Next, Refusal>>, EngineError> {
     let parsed;
     let envelope = match placed.envelope {
         Some(envelope) => envelope,
@@ -360,17 +371,17 @@ fn webhook<S: Store>(
                 parsed = envelope;
                 &parsed
             }
-            Err(_) => return Ok(Err(Refusal::BadEnvelope)),
+            Err(_) => return Ok(Some(Err(Refusal::BadEnvelope))),
         },
     };
     let Ok(body) = std::str::from_utf8(payload) else {
-        return Ok(Err(Refusal::BadEnvelope));
+        return Ok(Some(Err(Refusal::BadEnvelope)));
     };
     let event_id = &envelope.event_id;
     let ingress =
         engine.handle_placed_webhook(envelope, body, placed.headers, placed.arrival, now_ms)?;
     counting::ingress(engine.metrics(), &ingress);
-    Ok(match ingress {
+    Ok(Some(match ingress {
         Ingress::Forward(f) => Ok(Next::Forward(Box::new(f))),
         Ingress::Delivered(d) => Ok(Next::Answer(json!(d))),
         Ingress::Ignored => Ok(Next::Answer(json!({"ignored": true, "event_id": event_id}))),
@@ -383,7 +394,8 @@ fn webhook<S: Store>(
         Ingress::StorageFull => Err(Refusal::StorageFull),
         // Not this shard's to create (SPEC §16): the Worker goes on.
         Ingress::Redirect(redirect) => Ok(Next::Redirect(redirect)),
-    })
+        Ingress::NeedRoom => return Ok(None),
+    }))
 }
 
 /// The caller of a node request. The engine re-checks the pair against its
@@ -429,6 +441,7 @@ mod tests {
             Served::Deliver { .. } | Served::WritesOnlyDeliver { .. } => {
                 panic!("a forward, not a reply")
             }
+            Served::NeedRoom => panic!("undone for want of room, not a reply"),
         }
     }
 

@@ -1,9 +1,9 @@
-//! Which shard an object is (SPEC §16), and what a call shard's own object
-//! (`calls-k`, k ≥ 1) does around each request: it serves only the call
-//! path and its reads, asks `global` for a lease before a request that
-//! decides or checks a node's key, and sends `global` the forward marks
-//! its requests left in the shard's outbox. `global` does none of this: its
-//! shard reads the directory in the same object.
+//! Which shard an object is (SPEC §16), and what each does around a
+//! request: a call shard's own object (`calls-k`, k ≥ 1) serves only the
+//! call path and its reads, and sends `global` the forward marks its
+//! requests left in the shard's outbox (its lease is [`super::lessee`]'s);
+//! `global` answers lease asks with the room other shards report, revokes
+//! leases a change was made without, and pushes a changed map.
 
 use super::ops::Served;
 use super::store::DoStore;
@@ -13,6 +13,19 @@ use callfence_core::document::DocKind;
 use callfence_core::engine::{Engine, EngineError};
 use callfence_core::shard::ShardOutput;
 use callfence_core::store::{Store, Value};
+
+/// How long `global` waits for a call shard to give up its lease: a
+/// shard that answers later keeps the change waiting for its lease's end,
+/// and the beat or document that made it must still be answered within
+/// the Worker's deadline.
+const REVOKE_DEADLINE_MS: i64 = 400;
+
+/// How long `global` waits for a call shard to report the room it holds,
+/// while a decision elsewhere waits for it.
+const ROOM_DEADLINE_MS: i64 = 400;
+
+/// The protocol's deadline, for the messages that have no tighter one.
+const DEADLINE_MS: i64 = protocol::DEADLINE_MS as i64;
 
 /// The counter that keeps a call shard's number in its own storage.
 const SHARD_COUNTER: &str = "object_shard";
@@ -57,6 +70,7 @@ pub fn serves(engine: &Engine<DoStore>, request: &Request) -> bool {
                 | Request::Holds { .. }
                 | Request::Leg { .. }
                 | Request::Reclaim
+                | Request::Revoke { .. }
                 | Request::MapPush { .. }
                 | Request::Fence { .. }
                 | Request::Claim { .. }
@@ -70,81 +84,65 @@ pub fn serves(engine: &Engine<DoStore>, request: &Request) -> bool {
         )
 }
 
-/// Before a request that decides or checks a node's key, a call shard
-/// renews its lease when due ([`renew`]); asked to report
-/// ([`Request::Reclaim`]), it asks for one wanting no spare room. Returns
-/// false when the request is on the call path (a webhook, a fence, a claim,
-/// a media check) and the shard still holds no usable lease: it may not
-/// serve it (the Worker answers 503), since the lease is what keeps its
-/// map, its view and its caps in force (SPEC §16). `global` always may.
-pub async fn lease(engine: &Engine<DoStore>, env: &worker::Env, request: &Request) -> bool {
-    let call_path = matches!(
-        request,
-        Request::Webhook { .. }
-            | Request::Fence { .. }
-            | Request::Claim { .. }
-            | Request::MediaVerify { .. }
-    );
-    if matches!(request, Request::Reclaim) {
-        ask(engine, env, true).await;
-    } else if call_path || matches!(request, Request::Status) {
-        renew(engine, env).await;
-    }
-    !call_path || engine.shard().lease_usable(now_ms())
-}
-
-/// True when a call shard answered a webhook without a forward because a
-/// decision found a node's cap reached: a new lease may give the room it
-/// lacked, and the parked event is decided again (a claim is not: its
-/// second run would spend the node's rate twice; the node retries).
-pub fn wants_room(engine: &Engine<DoStore>, request: &Request, served: &Served) -> bool {
-    let shard = engine.shard();
-    shard.index() != 0
-        && matches!(request, Request::Webhook { .. })
-        && matches!(served, Served::Reply(_))
-        && shard.wants_room()
-}
-
-/// A call shard whose lease is due asks `global` for a new one. An ask
-/// that fails leaves it with none: its decisions then find no room and
-/// park (the carrier retries), and its node requests find no key, until a
-/// later ask succeeds. Nothing is decided on a view it does not hold.
-pub async fn renew(engine: &Engine<DoStore>, env: &worker::Env) {
-    if engine.shard().lease_due(now_ms()) {
-        ask(engine, env, false).await;
-    }
-}
-
-/// Asks `global` for a lease (`reclaimed`: wanting no spare room) and takes
-/// the answer.
-async fn ask(engine: &Engine<DoStore>, env: &worker::Env, reclaimed: bool) {
-    let shard = engine.shard();
-    if shard.index() == 0 {
-        return;
-    }
-    let Ok(ask) = shard.lease_ask(reclaimed) else {
-        return;
+/// In `global`, a lease ask that named nodes with no room left made the
+/// directory queue the shards holding room there: they are asked to
+/// report at once, and the ask is answered again with what they gave back
+/// (`first` otherwise), so that a shard is refused room only when no shard
+/// holds it.
+pub async fn lease_with_room(
+    engine: &Engine<DoStore>,
+    env: &worker::Env,
+    request: &Request,
+    first: Served,
+) -> Result<Served, EngineError> {
+    let Request::LeaseAsk { ask } = request else {
+        return Ok(first);
     };
-    let request = Request::LeaseAsk { ask };
-    if let Ok(Reply::Done(Leased { lease: Some(lease) })) =
-        protocol::call::<Leased>(env, &request, b"").await
-    {
-        // A lease whose map could not be stored is not taken: the shard
-        // stays without one, as when the ask fails.
-        let _taken = shard.handle_lease(lease);
+    if ask.want.is_empty() || !engine.reclaim_pending() {
+        return Ok(first);
     }
+    reclaim(engine, env).await;
+    let lease = engine.handle_lease_ask_again(ask, now_ms())?;
+    Ok(Served::Reply(protocol::encode_done(&Leased { lease })))
 }
 
 /// In `global`: asks each call shard the directory named as holding room
-/// that another shard wants to report, so that the room comes back (SPEC
-/// §16, `Directory::poll_reclaim`). A shard that cannot be reached keeps
-/// its room until it next asks.
+/// that another shard wants to report, all at once, so that the room comes
+/// back (SPEC §16, `Directory::poll_reclaim`); returns once each reported
+/// or missed the deadline. A shard that cannot be reached keeps its room
+/// until it next asks.
 pub async fn reclaim(engine: &Engine<DoStore>, env: &worker::Env) {
     if engine.shard().index() != 0 {
         return;
     }
-    while let Some(k) = engine.poll_reclaim() {
-        tell(env, k, &Request::Reclaim).await;
+    let shards: Vec<u32> = std::iter::from_fn(|| engine.poll_reclaim()).collect();
+    let asks = shards
+        .into_iter()
+        .map(|k| tell(env, k, &Request::Reclaim, ROOM_DEADLINE_MS));
+    futures_util::future::join_all(asks).await;
+}
+
+/// In `global`, when a change waits for leases granted before it: asks
+/// each call shard holding one to give it up ([`Request::Revoke`]), all at
+/// once, and counts each that answered as given up, so that the change is
+/// acknowledged in a round trip instead of a lease's length. Only changes
+/// are pushed, and only to the shards holding a lease: a beat that changes
+/// nothing a decision reads waits for nothing (SPEC §16). A shard that does
+/// not answer keeps its lease until it lapses.
+pub async fn revoke(engine: &Engine<DoStore>, env: &worker::Env) {
+    let Ok(targets) = engine.revoke_targets(now_ms()) else {
+        return;
+    };
+    let asks = targets.into_iter().map(|(k, seq)| async move {
+        let gave_up = tell(env, k, &Request::Revoke { seq }, REVOKE_DEADLINE_MS).await;
+        (k, seq, gave_up)
+    });
+    for (k, seq, gave_up) in futures_util::future::join_all(asks).await {
+        // A lease whose end could not be stored still holds the change
+        // back until it lapses: the safe side.
+        if gave_up {
+            let _stored = engine.revoked(k, seq, now_ms());
+        }
     }
 }
 
@@ -168,7 +166,7 @@ pub async fn push_map(engine: &Engine<DoStore>, env: &worker::Env, request: &Req
         return;
     };
     let request = Request::MapPush { map };
-    let pushes = (1..map.widest()).map(|k| tell(env, k, &request));
+    let pushes = (1..map.widest()).map(|k| tell(env, k, &request, DEADLINE_MS));
     futures_util::future::join_all(pushes).await;
 }
 
@@ -182,7 +180,7 @@ pub async fn send_marks(engine: &Engine<DoStore>, env: &worker::Env) {
     }
     while let Some(ShardOutput::Mark(mark)) = shard.poll_output() {
         let request = Request::Mark { mark: mark.clone() };
-        if !tell(env, 0, &request).await {
+        if !tell(env, 0, &request, DEADLINE_MS).await {
             shard.retry_output(ShardOutput::Mark(mark));
             return;
         }
@@ -190,9 +188,8 @@ pub async fn send_marks(engine: &Engine<DoStore>, env: &worker::Env) {
 }
 
 /// Sends `request`, which answers `{}`, to shard `shard`'s object within
-/// the protocol's deadline; true when it was done.
-async fn tell(env: &worker::Env, shard: u32, request: &Request) -> bool {
-    let deadline = protocol::DEADLINE_MS as i64;
+/// `deadline` ms; true when it was done.
+pub(super) async fn tell(env: &worker::Env, shard: u32, request: &Request, deadline: i64) -> bool {
     let sent = protocol::call_shard_within::<serde_json::Value>(env, shard, request, b"", deadline);
     matches!(sent.await, Ok(Reply::Done(_)))
 }

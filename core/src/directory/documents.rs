@@ -208,7 +208,7 @@ impl<S: Store> Directory<S> {
             let canonical = match kind {
                 DocKind::Nodes => self.validate_registry(&doc, open_calls)?,
                 DocKind::Policy => self.validate_policy(&doc, now_ms)?,
-                DocKind::Shards => shard_map::validate_up_to(&doc, self.call_shards_cap)
+                DocKind::Shards => shard_map::validate(&doc)
                     .map_err(DocError::InvalidDocument)?
                     .to_json(),
             };

@@ -16,8 +16,11 @@
 //! decide on (a document, a beat that changes a node's eligibility, a
 //! forward health mark) is acknowledged no sooner than
 //! [`Directory::acknowledge_at`]: when every lease granted before it has
-//! lapsed. Every decision that starts after the acknowledgement, in any
-//! shard, is made on a view that holds the change.
+//! lapsed, or its shard has answered that it gave it up
+//! ([`Directory::revoke_targets`], [`Directory::revoked`]): changes are
+//! pushed, to the shards holding a lease only. Every decision that starts
+//! after the acknowledgement, in any shard, is made on a view that holds
+//! the change.
 
 use super::queries::LeaseRow;
 use super::{Directory, EngineError};
@@ -72,25 +75,67 @@ impl<S: Store> Directory<S> {
 
     /// When the answer to a request made at `now_ms` may be given:
     /// `decisive` when the request changed what decisions read. A change is
-    /// acknowledged once every lease granted before it has lapsed, and any
-    /// later answer (a beat that repeats the change, say) no sooner than
-    /// that: the answer tells the state, so it waits until every shard
-    /// decides on it. After a restart, what was pending is unknown, and the
-    /// leases still running set the time.
+    /// acknowledged once every lease granted before it has lapsed or been
+    /// revoked ([`Directory::revoked`]), and any later answer (a beat that
+    /// repeats the change, say) no sooner than that: the answer tells the
+    /// state, so it waits until every shard decides on it. After a restart,
+    /// when the last change was is unknown, and every lease still running
+    /// counts.
     pub fn acknowledge_at(&self, now_ms: i64, decisive: bool) -> Result<i64, EngineError> {
-        let running = self
+        let change = {
+            let mut cache = self.cache.borrow_mut();
+            let change = match cache.last_change_ms {
+                Some(at) if !decisive => at,
+                _ => now_ms,
+            };
+            cache.last_change_ms = Some(change);
+            change
+        };
+        Ok(self
             .lease_rows()?
             .iter()
+            .filter(|row| granted_by(row, change))
             .map(|row| row.until_ms)
-            .fold(now_ms, i64::max);
-        let mut cache = self.cache.borrow_mut();
-        let pending = match cache.pending_ack {
-            Some(pending) if !decisive => pending,
-            Some(pending) => pending.max(running),
-            None => running,
+            .fold(now_ms, i64::max))
+    }
+
+    /// The leases that keep the last change from being acknowledged at
+    /// `now_ms`, as (shard, ask seq): granted before it and still running.
+    /// Each shard asked to give its lease up ([`Directory::revoked`]) lets
+    /// the change be acknowledged sooner than the lease's end.
+    pub fn revoke_targets(&self, now_ms: i64) -> Result<Vec<(u32, u64)>, EngineError> {
+        let Some(change) = self.cache.borrow().last_change_ms else {
+            return Ok(Vec::new());
         };
-        cache.pending_ack = Some(pending);
-        Ok(pending.max(now_ms))
+        Ok(self
+            .lease_rows()?
+            .iter()
+            .filter(|row| granted_by(row, change) && row.until_ms > now_ms)
+            .map(|row| (row.shard, row.seq))
+            .collect())
+    }
+
+    /// Shard `shard` answered, at `now_ms`, that it gave up the lease that
+    /// answered its ask `seq` and will take no answer to an ask it made
+    /// before: that lease no longer holds anything back. A later lease of
+    /// the shard is left as it is. Its caps still count toward capacity
+    /// until the shard asks again (its open calls may have grown under them).
+    pub fn revoked(&self, shard: u32, seq: u64, now_ms: i64) -> Result<(), EngineError> {
+        let Some(mut row) = self
+            .lease_rows()?
+            .into_iter()
+            .find(|r| r.shard == shard && r.seq == seq && r.until_ms > now_ms)
+        else {
+            return Ok(());
+        };
+        row.until_ms = now_ms;
+        self.unit(|| self.q().store_lease(&row))?;
+        if let Some(rows) = &mut self.cache.borrow_mut().leases {
+            for r in rows.iter_mut().filter(|r| r.shard == shard && r.seq == seq) {
+                r.until_ms = now_ms;
+            }
+        }
+        Ok(())
     }
 
     /// Answers a shard's ask at `now_ms`: its view, and per registered node
@@ -101,11 +146,14 @@ impl<S: Store> Directory<S> {
     /// an ask older than the newest answered (late or repeated). A shard
     /// that wants room on a node that has none left is asked, through
     /// [`Directory::poll_reclaim`], which shards hold spare room there.
+    /// `again`: the same ask answered once more, before its first answer
+    /// was sent, once those shards reported (the answer replaces the row).
     pub fn handle_lease_ask(
         &self,
         ask: &LeaseAsk,
         global_open: &PerNode<u32>,
         map: MapNotice,
+        again: bool,
         now_ms: i64,
     ) -> Result<Option<Lease>, EngineError> {
         if ask.v != LEASE_VERSION || ask.shard == 0 {
@@ -115,10 +163,9 @@ impl<S: Store> Directory<S> {
             )));
         }
         let rows = self.lease_rows()?;
-        if rows
-            .iter()
-            .any(|row| row.shard == ask.shard && row.seq >= ask.seq)
-        {
+        if rows.iter().any(|row| {
+            row.shard == ask.shard && (row.seq > ask.seq || (row.seq == ask.seq && !again))
+        }) {
             return Ok(None);
         }
         let elsewhere = self.held_except(Some(ask.shard))?;
@@ -196,6 +243,11 @@ impl<S: Store> Directory<S> {
         Ok(())
     }
 
+    /// True when a shard is to be asked to report ([`Directory::poll_reclaim`]).
+    pub fn reclaim_pending(&self) -> bool {
+        !self.cache.borrow().reclaim.is_empty()
+    }
+
     /// The next shard to ask to report (it holds spare room on a node
     /// another shard wants), if any. The shard answers with a
     /// [`LeaseAsk`] marked `reclaimed`.
@@ -203,4 +255,11 @@ impl<S: Store> Directory<S> {
         let mut cache = self.cache.borrow_mut();
         (!cache.reclaim.is_empty()).then(|| cache.reclaim.remove(0))
     }
+}
+
+/// True when `row`'s lease was granted no later than `change`: it may carry
+/// a view without it. (A lease lasts [`LEASE_MS`] from its grant, by the
+/// directory's clock; a revoked one has ended already.)
+fn granted_by(row: &LeaseRow, change: i64) -> bool {
+    row.until_ms - LEASE_MS <= change
 }

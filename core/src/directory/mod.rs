@@ -80,8 +80,9 @@ struct Cache {
     /// True after a change that may alter a decision, until taken
     /// ([`Directory::take_decisive`]).
     decisive: bool,
-    /// When the last such change may be acknowledged (`leases`).
-    pending_ack: Option<i64>,
+    /// When the last such change was made (`leases`: the leases granted
+    /// before it must lapse or be revoked before it is acknowledged).
+    last_change_ms: Option<i64>,
 }
 
 /// A message the directory takes from a call shard.
@@ -108,8 +109,6 @@ pub struct Caches(Cache);
 pub struct Directory<S: Store> {
     store: S,
     allow_plaintext: bool,
-    /// The most call shards a map may name here.
-    call_shards_cap: u64,
     cache: RefCell<Cache>,
 }
 
@@ -120,15 +119,8 @@ impl<S: Store> Directory<S> {
         Self {
             store,
             allow_plaintext,
-            call_shards_cap: crate::shard_map::RELEASE_CALL_SHARDS,
             cache: RefCell::new(Cache::default()),
         }
-    }
-
-    /// The same directory, taking maps of up to `cap` call shards.
-    pub fn capped_at(mut self, cap: u64) -> Self {
-        self.call_shards_cap = cap;
-        self
     }
 
     /// The storage backend.

@@ -4,6 +4,7 @@
 //! token bucket, and by `SESSION_CAP`; a refused claim stores no session
 //! and evicts nothing (only an admitted one moves the node's bucket).
 
+use super::lease::Undo;
 use super::ownership::Ownership;
 use super::queries::NewSession;
 use super::routing::{DecisionSubject, Target};
@@ -60,6 +61,10 @@ pub enum ClaimReply {
     /// The claimer's node or key id is not in the current registry (401
     /// `unknown_node_key`).
     NotRegistered,
+    /// The node was found full for want of room another shard may hold
+    /// (SPEC §16): nothing is stored, its rate not spent; the Dispatcher
+    /// asks for the room and serves the claim again as it stands.
+    NeedRoom,
 }
 
 /// The answer to a media check.
@@ -150,10 +155,10 @@ impl<S: Store> CallShard<S> {
         now_ms: i64,
     ) -> Result<ClaimReply, EngineError> {
         let node = caller.node;
-        let reply = self.unit(|| {
+        let undone = self.unit(|| {
             let view = self.decision_view(now_ms);
             if !view.key_in_force(caller.node, caller.kid) {
-                return Ok::<_, EngineError>(ClaimReply::NotRegistered);
+                return Ok::<_, Undo>(ClaimReply::NotRegistered);
             }
             let Some((_, registry)) = &view.registry else {
                 return Ok(ClaimReply::NotRegistered);
@@ -191,8 +196,13 @@ impl<S: Store> CallShard<S> {
                     return Ok(ClaimReply::AlreadyOwned);
                 }
             }
+            self.watch_room();
             let state = view.node(node, None)?.unwrap_or_default();
-            if state.beat.is_none() || state.facts(Some(entry)).capacity_exhausted() {
+            let full = state.beat.is_none() || state.facts(Some(entry)).capacity_exhausted();
+            if full && self.room_short() {
+                return Err(Undo::NeedRoom);
+            }
+            if full {
                 return Ok(ClaimReply::CapacityExhausted);
             }
             let row = match existing {
@@ -243,7 +253,12 @@ impl<S: Store> CallShard<S> {
                 call_session_id: req.call_session_id.clone(),
                 epoch: owned.epoch(),
             })
-        })?;
+        });
+        let reply = match undone {
+            Ok(reply) => reply,
+            Err(Undo::NeedRoom) => ClaimReply::NeedRoom,
+            Err(Undo::Failed(e)) => return Err(e),
+        };
         match reply {
             ClaimReply::CapacityExhausted => {
                 self.count_refusal(|r| r.claims_capacity_exhausted += 1)

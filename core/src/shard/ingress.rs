@@ -6,6 +6,7 @@
 //! inserted once, in its final state (a first attempt, parked, ignored or
 //! unroutable): a new call costs nine statements.
 
+use super::lease::Undo;
 use super::ownership::{Ownership, PendingReason, Placeable, Placed};
 use super::queries::{NewEvent, NewSession};
 use super::rows::{event_state as st, EventRow, Payload, SessionRow};
@@ -51,6 +52,11 @@ pub enum Ingress {
     /// Worker sends the webhook to the shard named, or asks around first.
     /// Nothing is stored.
     Redirect(crate::messages::Redirect),
+    /// The decision found a node full for want of room another shard may
+    /// hold (SPEC §16): nothing is stored; the Dispatcher asks for the room
+    /// and serves the webhook again, taking that decision as it stands
+    /// ([`CallShard::as_is`]).
+    NeedRoom,
 }
 
 impl<S: Store> CallShard<S> {
@@ -78,11 +84,37 @@ impl<S: Store> CallShard<S> {
         arrival: &Arrival,
         now_ms: i64,
     ) -> Result<Ingress, EngineError> {
-        let ingress = self.unit(|| {
+        let undone = self.unit(|| {
             let q = self.q();
             if let Some(event) = q.event(&envelope.event_id)? {
                 q.set_counter("last_webhook_at", now_ms)?;
-                return self.on_duplicate(event, now_ms);
+                return Ok(self.on_duplicate(event, now_ms)?);
+            }
+            // Where the event belongs, before anything is written: a shard
+            // that sends it on (SPEC §16) stores nothing of it.
+            let serves = self.serves_connection(envelope.connection_id.as_deref());
+            let session_id = match envelope.session_hint() {
+                _ if !serves => None,
+                Some(id) => Some(id.to_owned()),
+                None => match envelope.call_control_id.as_deref() {
+                    Some(ccid) => match q.leg_session(ccid)? {
+                        Some(id) => Some(id),
+                        None => match self.leg_check(arrival)? {
+                            Some(ask) => return Ok(ask),
+                            None => None,
+                        },
+                    },
+                    None => None,
+                },
+            };
+            let known = match &session_id {
+                Some(id) => q.session(id)?,
+                None => None,
+            };
+            if let (Some(id), None) = (&session_id, &known) {
+                if let Some(away) = self.holder_check(id, arrival)? {
+                    return Ok(away);
+                }
             }
             let seq = q.counters(&["event_seq"], &[("last_webhook_at", now_ms)])?[0];
             let seq = self.shard_scoped(seq);
@@ -101,33 +133,17 @@ impl<S: Store> CallShard<S> {
                 pending_until,
                 attempt,
             };
-            if !self.serves_connection(envelope.connection_id.as_deref()) {
+            if !serves {
                 q.insert_event(&new(envelope.session_hint(), st::IGNORED, None, None))?;
                 return Ok(Ingress::Ignored);
             }
-            let session_id = match envelope.session_hint() {
-                Some(id) => Some(id.to_owned()),
-                None => match envelope.call_control_id.as_deref() {
-                    Some(ccid) => match q.leg_session(ccid)? {
-                        Some(id) => Some(id),
-                        None => match self.leg_check(arrival)? {
-                            Some(ask) => return Ok(ask),
-                            None => None,
-                        },
-                    },
-                    None => None,
-                },
-            };
             let Some(session_id) = session_id else {
                 q.insert_event(&new(None, st::UNROUTABLE, None, None))?;
                 return Ok(Ingress::Unroutable);
             };
-            let (session, created) = match q.session(&session_id)? {
+            let (session, created) = match known {
                 Some(row) => (Ownership::of(row), false),
                 None => {
-                    if let Some(away) = self.holder_check(&session_id, arrival)? {
-                        return Ok(away);
-                    }
                     let Some(session) = self.open_session(&session_id, envelope, now_ms)? else {
                         return Ok(Ingress::StorageFull);
                     };
@@ -137,13 +153,18 @@ impl<S: Store> CallShard<S> {
             let session = self.track_leg(session, envelope, now_ms)?;
             let session = match session {
                 Ownership::Unowned(u) => {
-                    match self.place(
+                    self.watch_room();
+                    let placed = self.place(
                         Placeable::Unowned(u),
                         Some(&envelope.event_id),
                         true,
                         !created,
                         now_ms,
-                    )? {
+                    )?;
+                    if self.room_short() {
+                        return Err(Undo::NeedRoom);
+                    }
+                    match placed {
                         Placed::Assigned(owned) => Ownership::Owned(owned),
                         Placed::Parked(reason) => {
                             let until = now_ms + self.config.timing.pending_window_ms;
@@ -162,7 +183,7 @@ impl<S: Store> CallShard<S> {
             let row = session.row();
             let (Some(node), Some(epoch), Some(origin)) = (&row.owner, row.epoch, &row.origin_url)
             else {
-                return Err(EngineError::Corrupt("attempt on an unowned session".into()));
+                return Err(EngineError::Corrupt("attempt on an unowned session".into()).into());
             };
             let lease = self.lease_until(now_ms);
             q.insert_event(&new(
@@ -182,7 +203,12 @@ impl<S: Store> CallShard<S> {
                 body: body.to_owned(),
                 headers: headers.to_vec(),
             }))
-        })?;
+        });
+        let ingress = match undone {
+            Ok(ingress) => ingress,
+            Err(Undo::NeedRoom) => Ingress::NeedRoom,
+            Err(Undo::Failed(e)) => return Err(e),
+        };
         if matches!(ingress, Ingress::StorageFull) {
             self.count_refusal(|r| r.storage_full += 1);
         }

@@ -53,14 +53,12 @@ impl<S: Store> CallShard<S> {
     }
 
     /// True when the shard should ask for a lease now: it has none usable,
-    /// half of it has run, or a decision found a cap reached.
+    /// or half of it has run.
     pub fn lease_due(&self, now_ms: i64) -> bool {
         match &*self.lease_state.borrow() {
             None => false,
             Some(None) => true,
-            Some(Some(l)) => {
-                l.usable_until_ms - now_ms < LEASE_MS / 2 || !self.wants.borrow().is_empty()
-            }
+            Some(Some(l)) => l.usable_until_ms - now_ms < LEASE_MS / 2,
         }
     }
 
@@ -115,6 +113,27 @@ impl<S: Store> CallShard<S> {
         Ok(true)
     }
 
+    /// The directory asks this shard to give up the lease that answered
+    /// its ask `seq` (a change was made that the lease's view lacks): when
+    /// the shard's newest ask is no newer, it drops the lease it holds and
+    /// will take no answer to that ask, so the change is acknowledged
+    /// without waiting for the lease's end; its next request that decides
+    /// asks again. A newer ask is kept: the lease revoked is not held, and
+    /// an answer to it would not be taken. Either way, once this returned
+    /// the directory may count that lease as given up
+    /// ([`crate::directory::Directory::revoked`]). Returns true when it
+    /// dropped what it held.
+    pub fn handle_revoke(&self, seq: u64) -> bool {
+        if self.asked.get().is_none_or(|asked| asked > seq) {
+            return false;
+        }
+        self.asked.set(None);
+        if let Some(held) = &mut *self.lease_state.borrow_mut() {
+            *held = None;
+        }
+        true
+    }
+
     /// For `global`'s own shard: per node, the open calls the other shards
     /// may hold ([`crate::directory::Directory::held_by_shards`]).
     pub fn set_held_elsewhere(&self, held: PerNode<u32>) {
@@ -140,16 +159,68 @@ impl<S: Store> CallShard<S> {
         std::mem::take(&mut *self.wants.borrow_mut())
     }
 
-    /// True when a decision since the last ask found a node's cap reached.
-    pub fn wants_room(&self) -> bool {
-        !self.wants.borrow().is_empty()
-    }
-
     /// A decision found `node`'s cap reached: the next ask asks for room.
     pub(crate) fn want(&self, node: &str) {
+        self.short.set(true);
         let mut wants = self.wants.borrow_mut();
         if !wants.iter().any(|n| n == node) {
             wants.push(node.to_owned());
         }
+    }
+
+    /// True when a decision found a node's cap reached since the last ask
+    /// (the next ask asks for room there).
+    pub fn wants_room(&self) -> bool {
+        !self.wants.borrow().is_empty()
+    }
+
+    /// Runs `serve` with every decision taken as it stands: a node found
+    /// full for want of room held elsewhere is full. The Dispatcher serves
+    /// a request this way once it asked for the room a first try lacked
+    /// ([`Undo::NeedRoom`]), so that a request is undone at most once.
+    pub fn as_is<T>(&self, serve: impl FnOnce() -> T) -> T {
+        self.as_is.set(true);
+        let out = serve();
+        self.as_is.set(false);
+        out
+    }
+
+    /// Starts a decision that is undone when it finds a node full for want
+    /// of room another shard may hold ([`CallShard::room_short`]).
+    pub(crate) fn watch_room(&self) {
+        self.short.set(false);
+    }
+
+    /// True when the decision since [`CallShard::watch_room`] found a node
+    /// full only for room another shard may hold (a leased shard's cap
+    /// reached, or in `global` the room other shards may hold), and it is
+    /// not taken as it stands: its unit is undone and the room asked for.
+    pub(crate) fn room_short(&self) -> bool {
+        self.short.get() && !self.as_is.get()
+    }
+}
+
+/// How a unit that makes a decision ends early: failed, or undone on
+/// purpose because it found a node full for want of room another shard
+/// may hold (SPEC §16: capacity counts every shard's calls, so the room is
+/// asked for before a decision says a node is full).
+#[derive(Debug)]
+pub(crate) enum Undo {
+    /// The storage failed, or a row could not be read.
+    Failed(EngineError),
+    /// Nothing was stored; the request is served again once the room was
+    /// asked for.
+    NeedRoom,
+}
+
+impl From<EngineError> for Undo {
+    fn from(e: EngineError) -> Self {
+        Undo::Failed(e)
+    }
+}
+
+impl From<crate::store::StoreError> for Undo {
+    fn from(e: crate::store::StoreError) -> Self {
+        Undo::Failed(e.into())
     }
 }

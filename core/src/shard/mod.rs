@@ -188,6 +188,11 @@ pub struct CallShard<S: Store> {
     asked: std::cell::Cell<Option<u64>>,
     /// Nodes whose cap a decision found reached, for the next ask.
     wants: RefCell<Vec<String>>,
+    /// True once the decision being made found a node full for want of
+    /// room another shard may hold (`lease::Undo::NeedRoom`).
+    short: std::cell::Cell<bool>,
+    /// True while decisions are taken as they stand ([`CallShard::as_is`]).
+    as_is: std::cell::Cell<bool>,
     /// In `global`: per node, the open calls the other shards may hold.
     elsewhere: RefCell<PerNode<u32>>,
 }
@@ -210,6 +215,8 @@ impl<S: Store> CallShard<S> {
             lease_state: RefCell::new(None),
             asked: std::cell::Cell::new(None),
             wants: RefCell::new(Vec::new()),
+            short: std::cell::Cell::new(false),
+            as_is: std::cell::Cell::new(false),
             elsewhere: RefCell::new(PerNode::default()),
         }
     }

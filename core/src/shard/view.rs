@@ -128,7 +128,7 @@ impl ShardView<'_> {
                 let elsewhere = self.elsewhere.get(node).unwrap_or(0);
                 let entry = self.registry.as_ref().and_then(|(_, r)| r.nodes.get(node));
                 let limit = eligibility::effective_max_calls(entry, beat);
-                if elsewhere > 0 && limit.is_some_and(|l| here + elsewhere >= l) {
+                if elsewhere > 0 && limit.is_some_and(|l| here < l && here + elsewhere >= l) {
                     // Full only for what other shards may hold: ask for it back.
                     (self.want)(node);
                 }
@@ -139,7 +139,10 @@ impl ShardView<'_> {
                 let entry = self.registry.as_ref().and_then(|(_, r)| r.nodes.get(node));
                 match eligibility::effective_max_calls(entry, beat) {
                     Some(limit) if here >= cap => {
-                        (self.want)(node);
+                        if cap < limit {
+                            // Full only for the cap: room may be elsewhere.
+                            (self.want)(node);
+                        }
                         here.max(limit)
                     }
                     Some(limit) => here + limit.saturating_sub(cap),

@@ -8,11 +8,16 @@
 //! directory asks shards with spare room to report; nodes drain and come back; the clock runs; any
 //! object restarts (its memory dropped).
 //!
+//! A change that waits for leases makes the directory ask each shard holding
+//! one from before it to give it up (`revoke_targets`); those messages and
+//! their answers travel like the rest, and an answer lets the change be
+//! acknowledged sooner.
+//!
 //! After every step the world checks: no node has more open calls, summed
 //! over the shards, than its limit; and no call is assigned to a node whose
 //! drain was acknowledged before the decision started (a drain beat is
 //! acknowledged when `Engine::acknowledge_at` says, as the Dispatcher
-//! answers it).
+//! answers it, at the latest; sooner when the shards gave their leases up).
 
 use crate::common::fixtures::{self, BeatSpec};
 use crate::rng::Rng;
@@ -45,6 +50,9 @@ pub enum Plant {
     /// A drain is acknowledged as soon as the directory has it, while
     /// shards still decide on leases granted before it.
     AckAtDirectory,
+    /// A shard asked to give up its lease says it did, and keeps deciding
+    /// on it.
+    RevokeIgnored,
 }
 
 /// A message between `global` and a call shard, in flight in its wire form
@@ -53,6 +61,9 @@ pub enum Plant {
 enum Message {
     Ask(String),
     Lease(String),
+    /// The directory asks shard `.0` to give up its lease for ask `.1`;
+    /// the answer comes back on the same request, unless it is lost.
+    Revoke(u32, u64),
 }
 
 /// A message's wire form.
@@ -85,6 +96,10 @@ pub struct LeaseWorld {
     pub leases: u64,
     pub reclaims: u64,
     pub full: u64,
+    /// Leases given up when asked, and answered.
+    pub revoked: u64,
+    /// Decisions undone for want of room held elsewhere.
+    pub room_asked: u64,
 }
 
 fn signed(node: &str) -> Caller<'_> {
@@ -128,6 +143,8 @@ impl LeaseWorld {
             leases: 0,
             reclaims: 0,
             full: 0,
+            revoked: 0,
+            room_asked: 0,
         };
         world.write_documents();
         for i in 0..NODES.len() {
@@ -209,6 +226,20 @@ impl LeaseWorld {
         } else {
             g.acknowledge_at(now).expect("ack")
         };
+        if acked > now {
+            // The Dispatcher asks the shards holding leases from before
+            // the change to give them up, and answers sooner if they do
+            // (once per lease while its question is in flight).
+            for (k, seq) in g.revoke_targets(now).expect("targets") {
+                let asking = self
+                    .in_flight
+                    .iter()
+                    .any(|m| matches!(m, Message::Revoke(j, s) if (*j, *s) == (k, seq)));
+                if !asking {
+                    self.in_flight.push(Message::Revoke(k, seq));
+                }
+            }
+        }
         self.drained_since[i] = match mode {
             Mode::Active => None,
             _ => Some(self.drained_since[i].map_or(acked, |t| t.min(acked))),
@@ -302,6 +333,26 @@ impl LeaseWorld {
                     self.in_flight.push(Message::Lease(wire(&lease)));
                 }
             }
+            Message::Revoke(k, seq) => {
+                if self.plant != Some(Plant::RevokeIgnored) && self.call_shard(k).handle_revoke(seq)
+                {
+                    self.asked_at[k as usize] = None;
+                }
+                if self.rng.chance(10) {
+                    return;
+                }
+                let now = self.now;
+                let g = self.global();
+                g.revoked(k, seq, now).expect("revoked");
+                let acked = g.acknowledge_at(now).expect("ack");
+                for since in &mut self.drained_since {
+                    // A drain waiting for its answer is answered now.
+                    if let Some(t) = since.filter(|t| *t > acked) {
+                        *since = Some(t.min(acked));
+                    }
+                }
+                self.revoked += 1;
+            }
             Message::Lease(lease) => {
                 let lease: Lease = serde_json::from_str(&lease).expect("lease");
                 let k = lease.shard;
@@ -354,19 +405,44 @@ impl LeaseWorld {
         let envelope = parse_envelope(body.as_bytes()).expect("envelope");
         let now = self.now;
         if k == 0 {
-            return self
-                .global()
-                .handle_webhook(&envelope, body, &[], now)
-                .expect("webhook");
+            let served = |w: &Self| {
+                w.global()
+                    .handle_webhook(&envelope, body, &[], now)
+                    .expect("webhook")
+            };
+            let ingress = served(self);
+            if !matches!(ingress, Ingress::NeedRoom) {
+                return ingress;
+            }
+            // The Dispatcher asks the shards holding room to report; their
+            // answers come later.
+            self.room_asked += 1;
+            while let Some(j) = self.global().poll_reclaim() {
+                self.ask(j, true);
+            }
+            return self.global().shard().as_is(|| served(self));
         }
         let shard = self.call_shard(k);
         if shard.lease_due(now) {
             // The Dispatcher asks before it decides; the answer comes later.
             self.ask(k, false);
         }
-        self.call_shard(k)
-            .handle_placed_webhook(&envelope, body, &[], &Arrival::default(), now)
-            .expect("webhook")
+        let served = |w: &Self| {
+            w.call_shard(k)
+                .handle_placed_webhook(&envelope, body, &[], &Arrival::default(), now)
+                .expect("webhook")
+        };
+        let ingress = served(self);
+        if !matches!(ingress, Ingress::NeedRoom) {
+            return ingress;
+        }
+        // Undone for want of room: the Dispatcher asks for a lease naming
+        // the node at once; here its answer comes later, and the webhook is
+        // served again as it stands.
+        self.room_asked += 1;
+        self.asked_at[k as usize] = None;
+        self.ask(k, false);
+        self.call_shard(k).as_is(|| served(self))
     }
 
     fn hangup(&mut self) {

@@ -225,27 +225,45 @@ fn an_absence_proof_not_bound_to_its_map_revision_is_caught() {
 
 #[test]
 fn leases_keep_capacity_and_acknowledged_drains_across_shards() {
-    let (n, [steps, assigned, parked, leases, reclaims, full]) = every_schedule("leases", |seed| {
-        let mut w = leases::LeaseWorld::new(seed, None);
-        w.run();
-        let counts = [w.steps, w.assigned, w.parked, w.leases, w.reclaims, w.full];
-        (w.violations, counts)
-    });
+    let (n, [steps, assigned, parked, leases, reclaims, full, revoked, room_asked]) =
+        every_schedule("leases", |seed| {
+            let mut w = leases::LeaseWorld::new(seed, None);
+            w.run();
+            let counts = [
+                w.steps,
+                w.assigned,
+                w.parked,
+                w.leases,
+                w.reclaims,
+                w.full,
+                w.revoked,
+                w.room_asked,
+            ];
+            (w.violations, counts)
+        });
     assert!(
-        n == 1 || (assigned > 0 && leases > 0 && reclaims > 0 && full > 0),
-        "the lease world never assigned under a lease, reclaimed room or filled a node"
+        n == 1
+            || (assigned > 0
+                && leases > 0
+                && reclaims > 0
+                && full > 0
+                && revoked > 0
+                && room_asked > 0),
+        "the lease world never assigned under a lease, reclaimed room, filled a node, revoked a lease \
+         or undid a decision for want of room"
     );
     println!(
         "sim leases: {n} schedules, {steps} steps, 0 violations ({assigned} calls assigned, {parked} parked, \
-         {leases} leases taken, {reclaims} reclaims, a node at its limit of {} after {full} steps)",
+         {leases} leases taken, {reclaims} reclaims, {room_asked} decisions undone for room, {revoked} leases revoked, \
+         a node at its limit of {} after {full} steps)",
         leases::LIMIT
     );
 }
 
-/// The first of 200 schedules whose lease world with `plant` breaks an
+/// The first of 3,000 schedules whose lease world with `plant` breaks an
 /// invariant whose message contains `what`.
 fn lease_plant_caught(plant: leases::Plant, what: &str) -> Option<u64> {
-    (1..=200u64).find(|i| {
+    (1..=3000u64).find(|i| {
         let mut world = leases::LeaseWorld::new(i.wrapping_mul(0x9E37_79B9_7F4A_7C15), Some(plant));
         world.run();
         world.violations.iter().any(|v| v.contains(what))
@@ -276,4 +294,17 @@ fn a_drain_acknowledged_at_the_directory_alone_is_caught() {
         "a drain in force at the directory alone went unnoticed"
     );
     println!("sim leases: a drain acknowledged before the shards' leases lapsed caught in schedule {caught:?}");
+}
+
+#[test]
+fn a_lease_kept_after_its_revocation_is_caught() {
+    let caught = lease_plant_caught(
+        leases::Plant::RevokeIgnored,
+        "after its drain was acknowledged",
+    );
+    assert!(
+        caught.is_some(),
+        "a shard deciding on a lease it said it gave up went unnoticed"
+    );
+    println!("sim leases: a lease kept after its revocation caught in schedule {caught:?}");
 }

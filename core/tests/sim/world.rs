@@ -192,7 +192,6 @@ impl World {
             } else {
                 1_000
             },
-            ..EngineConfig::default()
         };
         let nodes = NODES
             .iter()
@@ -464,6 +463,7 @@ impl World {
             Ingress::Redirect(_) => {
                 unreachable!("a one-shard world placed a session elsewhere")
             }
+            Ingress::NeedRoom => unreachable!("a one-shard world found room held elsewhere"),
         }
     }
 
