@@ -1505,8 +1505,7 @@ async function metricsOnly() {
 
 /**
  * BENCH_ONLY=shards: one call shard against eight (SPEC §16), on two edges
- * of the testing build, the second under the test-only
- * CALLFENCE_TEST_CALL_SHARDS=8 with a map of eight shards in force.
+ * of the testing build, the second with a map of eight shards in force.
  * BENCH_CALLS sequential new calls each (after BENCH_WARMUP), interleaved
  * ABBA. Prints each edge's latency p50 and workerd CPU per webhook
  * (schedstat, median), their ratios (8 shards / 1), the requests `global`
@@ -1523,7 +1522,7 @@ async function shardsOnly() {
   const base = { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS) };
   const { result: one, pid: onePid } = await newWorkerd(() => startEdge({ keys, bindings: base }));
   const { result: eight, pid: eightPid } = await newWorkerd(() =>
-    startEdge({ keys, bindings: { ...base, CALLFENCE_TEST_CALL_SHARDS: "8" }, dir: dir8 }),
+    startEdge({ keys, bindings: base, dir: dir8 }),
   );
   const stops = [];
   try {

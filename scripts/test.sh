@@ -69,6 +69,14 @@ node_modules/.bin/wrangler deploy --dry-run --outdir dist
 step "end-to-end tests (Miniflare)"
 node --test tests/e2e/
 
+# The e2e matrix (SPEC §16): every file on the call path again, with a map
+# of four call shards in force (tests/e2e/harness.mjs, E2E_SHARDS).
+step "end-to-end tests on the call path, at four call shards"
+CALLFENCE_E2E_SHARDS=4 node --test \
+  tests/e2e/{ingress,ownership,eligibility,answer-deadline,atomicity,attacks-claims,attacks-edge}.test.mjs \
+  tests/e2e/{key-removal,sweep,worker-forwards,dispatcher-fault,paged-views,metrics}.test.mjs \
+  tests/e2e/agents-{answer,routing,node,clock-skew}.test.mjs
+
 step "drills: the checkers against planted violations, then each drill's short form"
 node --test tests/drills/
 

@@ -54,7 +54,6 @@ describe("answering through real agents", () => {
     const res = await c.deliver(initiated(call));
     assert.equal(res.body.delivered_to, "M1", JSON.stringify(res.body));
     const { epoch } = res.body;
-    assert.ok(epoch > 1, "earlier calls took lower epochs");
     await waitFor("the app's own answer", async () => (await c.telnyx.answers(call.ccid)).length > 0);
     await sleep(500);
     const before = (await c.telnyx.requests()).length;
@@ -62,7 +61,9 @@ describe("answering through real agents", () => {
     const stale = await c.nodes.M1.local("/local/answer", {
       call_control_id: call.ccid,
       call_session_id: call.session,
-      epoch: epoch - 1,
+      // Not the session's epoch (epochs count per call shard: with several,
+      // this may be its shard's first call, so the other side is asked).
+      epoch: epoch > 1 ? epoch - 1 : epoch + 1,
     });
     assert.equal(stale.status, 409, JSON.stringify(stale.body));
     assert.deepEqual(stale.body, { answered: false, reason: "stale_epoch" });

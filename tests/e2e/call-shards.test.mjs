@@ -1,9 +1,7 @@
 // Calls spread over call shards (SPEC §16) through the real Worker and
 // real Durable Objects: `global` and `calls-1` … `calls-3`, each its own
 // object with its own SQLite storage, the call shards deciding under
-// leases from `global`. This release caps the map at one shard; a testing
-// build's CALLFENCE_TEST_CALL_SHARDS lifts the cap so that these tests run
-// the shards' objects.
+// leases from `global`.
 //
 // A session is placed on shard jump(h, N) (h: the first 8 bytes of
 // SHA-256 of its id), computed here as the contract states it, so each
@@ -57,7 +55,7 @@ async function putMap(edge, callShards) {
  * `max_calls` 100 unless `perNode` sets its registry's limit.
  */
 async function fourShards(perNode = {}) {
-  const cluster = await setupCluster({ nodes: ["M1"], perNode, bindings: { CALLFENCE_TEST_CALL_SHARDS: "4" } });
+  const cluster = await setupCluster({ nodes: ["M1"], perNode });
   const beat = await heartbeat(cluster.edge, cluster.nodes.M1, { capacity: { max_calls: 100, active_calls: 0 } });
   assert.equal(beat.status, 200, JSON.stringify(beat.body));
   const put = await putMap(cluster.edge, 4);

@@ -231,11 +231,12 @@ export async function waitFor(fn, { timeout = 5000, interval = 50, what = "condi
  * nodes: ids, or {id, role} objects (default ["M1", "M2"]).
  * perNode: registry overrides per node id. policy: the policy document
  * (default {default_node: first node}). bindings: merged over bindingsFor.
- * beat: false to send no heartbeat.
+ * beat: false to send no heartbeat. shards: 1 keeps one call shard under the
+ * e2e matrix (startEdge's option).
  */
-export async function setupCluster({ nodes = ["M1", "M2"], perNode = {}, policy, bindings = {}, keys, dir, beat = true } = {}) {
+export async function setupCluster({ nodes = ["M1", "M2"], perNode = {}, policy, bindings = {}, keys, dir, beat = true, shards } = {}) {
   keys = keys ?? testKeys();
-  const edge = await startEdge({ keys, dir, bindings: { ...bindingsFor(keys), ...bindings } });
+  const edge = await startEdge({ keys, dir, shards, bindings: { ...bindingsFor(keys), ...bindings } });
   const made = [];
   try {
     for (const spec of nodes) {

@@ -108,6 +108,29 @@ export function bindingsFor(keys) {
 
 // ------------------------------------------------------------- workers ----
 
+/**
+ * The call shards the e2e matrix runs the call-path files with (SPEC §16):
+ * `CALLFENCE_E2E_SHARDS`, default 1. Above one, every edge `startEdge`
+ * starts on the real Dispatcher puts a map of that many shards in force
+ * before a test gets it (`options.shards: 1` opts out).
+ */
+export const E2E_SHARDS = Math.max(1, Math.trunc(Number(process.env.CALLFENCE_E2E_SHARDS ?? 1)) || 1);
+
+/** Puts a map of `n` call shards in force with the admin token `token`, unless it is. */
+async function putShardMap(edge, n, token) {
+  const auth = { authorization: `Bearer ${token}` };
+  const got = await read(await edge.fetch("/v1/shards", { headers: auth }));
+  if (got.body?.call_shards === n) return;
+  const put = await read(
+    await edge.fetch("/v1/shards", {
+      method: "PUT",
+      headers: { ...auth, "content-type": "application/json", "if-match": `"${got.body?.revision}"` },
+      body: JSON.stringify({ schema: "callfence_shards_v1", call_shards: n }),
+    }),
+  );
+  if (put.status !== 200) throw new Error(`PUT /v1/shards ${n}: ${put.status} ${JSON.stringify(put.body)}`);
+}
+
 /** The testing build of the Worker (build-testing/, `make build-testing`). */
 export const TESTING_BUILD = join(ROOT, "build-testing");
 
@@ -150,6 +173,8 @@ function edgeWorker(bindings, dispatcher, build = TESTING_BUILD) {
  * options.dispatcherScript: source of a module Worker exporting a stand-in
  *   `Dispatcher` class (a faulty one, or a fake speaking the protocol);
  *   DISPATCHER is then bound to it instead of the real one.
+ * options.shards: 1 keeps the map of one shard under the e2e matrix's
+ *   CALLFENCE_E2E_SHARDS (a test of the map itself).
  * options.driverScript: source of a module Worker (named "driver") bound to
  *   the same DISPATCHER, reached with `worker("driver")`: `make bench` drives
  *   the Durable Object from inside workerd with it.
@@ -235,6 +260,15 @@ export async function startEdge(options = {}) {
       if (ownsDir) rmSync(dir, { recursive: true, force: true });
     },
   };
+  const token = bindings.ADMIN_TOKENS?.split(",")[0]?.trim();
+  if (E2E_SHARDS > 1 && options.shards !== 1 && !options.dispatcherScript && token) {
+    try {
+      await putShardMap(edge, E2E_SHARDS, token);
+    } catch (error) {
+      await edge.dispose();
+      throw error;
+    }
+  }
   return edge;
 }
 

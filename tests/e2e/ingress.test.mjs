@@ -4,7 +4,7 @@
 
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { ed25519, nowSeconds, telnyxHeaders } from "./harness.mjs";
+import { E2E_SHARDS, ed25519, nowSeconds, telnyxHeaders } from "./harness.mjs";
 import { admin, callEvent, heartbeat, setupCluster, sleep, waitFor, webhook } from "./fixtures.mjs";
 
 const LINE = "+15102160079";
@@ -83,7 +83,7 @@ describe("ingress on a two-node cluster", () => {
       unroutable: 0,
       ignored: 0,
       sessions: 0,
-      session_cap: 100000,
+      session_cap: 100000 * E2E_SHARDS, // each shard's table has its own
       storage_full: 0,
       claims_capacity_exhausted: 0,
       claims_rate_limited: 0,
@@ -317,7 +317,7 @@ describe("no eligible node, then one appears", () => {
       unroutable: 0,
       ignored: 0,
       sessions: 1,
-      session_cap: 100000,
+      session_cap: 100000 * E2E_SHARDS, // each shard's table has its own
       storage_full: 0,
       claims_capacity_exhausted: 0,
       claims_rate_limited: 0,

@@ -1,8 +1,7 @@
 // The shard map (SPEC §16) through the real Worker and Dispatcher: its
 // initial value, compare-and-set, history, validation, the admin-only guard,
-// and what GET /v1/health and the metrics say of it. This release places every call in
-// global, so it stores only maps of one shard and refuses more, changing
-// nothing.
+// and what GET /v1/health and the metrics say of it (the calls spread over
+// the shards are call-shards.test.mjs's).
 
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -14,7 +13,7 @@ const json = (body) => JSON.stringify(body);
 describe("the shard map: /v1/shards", () => {
   let edge;
   before(async () => {
-    edge = await startEdge();
+    edge = await startEdge({ shards: 1 });
   });
   after(() => edge?.dispose());
 
@@ -89,16 +88,16 @@ describe("the shard map: /v1/shards", () => {
     assert.deepEqual((await call("GET", "/v1/shards")).body, before);
   });
 
-  test("more shards than this release places calls on are refused as such; the map and floor stay", async () => {
+  test("grown to 4 shards, health names them and the floor is v1.4, and stays so after a shrink to 1", async () => {
     const before = (await call("GET", "/v1/shards")).body;
-    for (const n of [2, 32]) {
-      const res = await call("PUT", "/v1/shards", { body: { schema: SCHEMA, call_shards: n }, ifMatch: `"${before.revision}"` });
-      assert.equal(res.status, 400, json(res.body));
-      assert.deepEqual(res.body.details.map((d) => d.path), ["/call_shards"]);
-      assert.match(res.body.details[0].problem, /this release/);
-    }
-    assert.deepEqual((await call("GET", "/v1/shards")).body, before);
-    assert.equal((await health()).rollback_floor, "v1.3");
+    const grown = await call("PUT", "/v1/shards", { body: { schema: SCHEMA, call_shards: 4 }, ifMatch: `"${before.revision}"` });
+    assert.deepEqual([grown.status, grown.body], [200, { revision: before.revision + 1 }], json(grown.body));
+    let h = await health();
+    assert.deepEqual([h.shards, h.rollback_floor], [{ call_shards: 4, map_revision: before.revision + 1, unreachable: [] }, "v1.4"]);
+    const shrunk = await call("PUT", "/v1/shards", { body: { schema: SCHEMA, call_shards: 1 }, ifMatch: `"${before.revision + 1}"` });
+    assert.equal(shrunk.status, 200, json(shrunk.body));
+    h = await health();
+    assert.deepEqual([h.shards.call_shards, h.rollback_floor], [1, "v1.4"], "calls may still be held outside global");
   });
 
   test("a body over 4 KiB is 413", async () => {
