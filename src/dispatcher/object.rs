@@ -2,8 +2,9 @@
 //! the `fetch` that decodes a protocol message and answers it, and the
 //! alarm that re-drives, re-evaluates, sweeps and prunes. A `testing` build
 //! (the cargo feature) also keeps the per-operation profile, arms the store's
-//! fault switch and serves the bench-only `writes_only`; the deployed one has
-//! none of them.
+//! fault switch, serves the bench-only `writes_only` and lets the drills
+//! restart one object (a request to `/restart`); the deployed one has none
+//! of them.
 
 use super::deliver;
 use super::lessee::Lessee;
@@ -67,6 +68,10 @@ impl DurableObject for Dispatcher {
             )));
         }
         let url = req.url()?;
+        #[cfg(feature = "testing")]
+        if url.path() == "/restart" {
+            return self.restart();
+        }
         let Some(shard) = url.host_str().and_then(protocol::shard_of) else {
             return answer(
                 400,
@@ -261,6 +266,37 @@ struct Marks {
 
 #[cfg(feature = "testing")]
 impl Dispatcher {
+    /// The drills' restart of this one object (tests/drills/stack.mjs):
+    /// the runtime's `abort` resets it, its in-memory state (engine, lease,
+    /// alarm knowledge) gone and its storage kept, and the next request
+    /// constructs it anew. The reset runs from a timer, outside this wasm
+    /// call: the instance's memory is shared by every object of the
+    /// isolate, and must not be left in the middle of a call. Answers
+    /// `{"restarting":true}`; the reset follows at once.
+    fn restart(&self) -> Result<Response> {
+        use worker::js_sys::{global, Array, Function, Reflect};
+        use worker::wasm_bindgen::{JsCast, JsValue};
+        let method = |target: &JsValue, name: &str| {
+            Reflect::get(target, &JsValue::from_str(name))
+                .ok()
+                .and_then(|f| f.dyn_into::<Function>().ok())
+        };
+        let raw: &JsValue = self.state.as_raw().as_ref();
+        let (Some(abort), Some(set_timeout)) =
+            (method(raw, "abort"), method(&global(), "setTimeout"))
+        else {
+            return Err(worker::Error::RustError(
+                "this runtime cannot reset an object".into(),
+            ));
+        };
+        let reset = abort.bind1(raw, &JsValue::from_str("restarted by a drill"));
+        set_timeout.apply(&JsValue::UNDEFINED, &Array::of2(&reset, &JsValue::from(0)))?;
+        answer(
+            200,
+            protocol::encode_done(&serde_json::json!({"restarting": true})),
+        )
+    }
+
     /// Adds one request of `op` to the profile; it ends now.
     fn record(&self, engine: &Engine<DoStore>, op: &'static str, m: Marks) {
         let (statements, sql_ms) = engine.store().spent();

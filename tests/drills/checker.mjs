@@ -9,6 +9,7 @@
 //   calls:     { [call_session_id]: the edge's GET /v1/calls/{id} view } after the run
 //   decisions: the edge's GET /v1/decisions rows for those sessions
 //   ccids:     { [call_control_id]: call_session_id }
+//   twice:     sessions the edge's paged GET /v1/calls listed more than once (optional)
 //
 // Violations (each { kind, session, evidence }):
 //   second_answer            one call answered under two command_ids (two epochs)
@@ -19,6 +20,7 @@
 //   decision_unattributed    an assignment without policy and registry revisions
 //   decision_not_clean       an assignment citing no SHA or an unclean one
 //   open_past_sweep          a call still open after the sweep had its chance
+//   held_by_two_shards       a session listed by two call shards (SPEC §16: one holder each)
 
 import { commandId } from "../e2e/agents-cluster.mjs";
 
@@ -49,9 +51,10 @@ function answersBySession(commands, ccids) {
 const idOf = (c) => c.body?.command_id ?? c.command_id;
 
 /** Checks a history; returns { violations, figures }. */
-export function check({ commands, acks, calls, decisions, ccids, requireSettled = true }) {
+export function check({ commands, acks, calls, decisions, ccids, twice = [], requireSettled = true }) {
   const violations = [];
   const flag = (kind, session, evidence) => violations.push({ kind, session, evidence });
+  for (const session of twice) flag("held_by_two_shards", session, {});
 
   const answered = answersBySession(commands, ccids);
   for (const [session, answers] of answered) {

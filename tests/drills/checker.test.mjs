@@ -36,6 +36,12 @@ function clean() {
 
 const kinds = (h) => check(h).violations.map((v) => `${v.kind}:${v.session}`).sort();
 
+test("a session two call shards list is held twice", () => {
+  const h = clean();
+  h.twice = ["s1"];
+  assert.deepEqual(kinds(h), ["held_by_two_shards:s1"]);
+});
+
 test("a clean history has no violation and counts what happened", () => {
   const { violations, figures } = check(clean());
   assert.deepEqual(violations, []);

@@ -26,7 +26,43 @@ export async function settle(stack, sessions, timeout) {
 }
 
 function history(stack, load, views, extra = {}) {
-  return { commands: stack.telnyx.log, acks: load.acks, calls: views.calls, decisions: views.decisions, ccids: load.ccids, ...extra };
+  return { commands: stack.telnyx.log, acks: load.acks, calls: views.calls, decisions: views.decisions, ccids: load.ccids, twice: views.twice, ...extra };
+}
+
+// ---------------------------------------------------------- call shards ----
+
+/** The call shards chaos and failover start on (SPEC §16). */
+const DRILL_SHARDS = 4;
+/** How long after a shard event its unavailability is counted. */
+const SHARD_EVENT_WINDOW_MS = 2_000;
+
+/** A map change to `n` call shards, as a window { label, kind, from, to }. */
+async function changeMap(stack, n) {
+  const from = Date.now();
+  await stack.setShards(n);
+  return { label: `map change to ${n} shards`, kind: "map_change", node: null, from, to: Date.now() + SHARD_EVENT_WINDOW_MS };
+}
+
+/** A restart of the Durable Object `name`, as a window { label, kind, from, to }. */
+async function restartShard(stack, name) {
+  const from = Date.now();
+  await stack.restartShard(name);
+  return { label: `restart ${name}`, kind: "shard_restart", node: null, from, to: Date.now() + SHARD_EVENT_WINDOW_MS };
+}
+
+/** Runs each of `steps` ([ms into the drill, async () => window]) at its time, unless `stopped()`. */
+function scheduled(steps, stopped) {
+  const started = Date.now();
+  const windows = [];
+  const done = (async () => {
+    for (const [at, step] of steps) {
+      const wait = started + at - Date.now();
+      if (wait > 0) await sleep(wait);
+      if (stopped()) break;
+      windows.push(await step());
+    }
+  })();
+  return { windows, done };
 }
 
 // ---------------------------------------------------------------- chaos ----
@@ -91,7 +127,7 @@ async function markedAt(stack, node, reason) {
     .catch(() => null);
 }
 
-export async function chaos({ short = false, seed = 7, calls, rate, faults } = {}) {
+export async function chaos({ short = false, seed = 7, calls, rate, faults, shards = DRILL_SHARDS } = {}) {
   calls ??= short ? 120 : 5_000;
   // 10 calls/s: the whole local stack (workerd, three agents, three demo
   // apps, the fake Telnyx and this load) takes about 15 calls/s cleanly on
@@ -104,12 +140,25 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
   const stack = await startStack({
     nodes: { M1: stable, M2: stable, M3: stable },
     policy: standardPolicy,
+    shards,
     bindings: { ...TIMINGS, CALLFENCE_TEST_MAX_DURATION_MS: String(maxDuration) },
   });
   try {
     const rand = prng(seed);
     const windows = [];
     let done = false;
+    // Under live calls: the map doubles at a third of the load, and one call
+    // shard (one that holds calls under both maps) restarts at two thirds.
+    const planned = (calls * 1000) / rate;
+    const sharding = scheduled(
+      shards > 1
+        ? [
+            [planned / 3, () => changeMap(stack, shards * 2)],
+            [(planned * 2) / 3, () => restartShard(stack, "calls-1")],
+          ]
+        : [],
+      () => done,
+    );
     const faulting = (async () => {
       while (!done && windows.length < faults) {
         await sleep(500 + rand() * 1_500);
@@ -130,6 +179,7 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
     });
     done = true;
     await faulting;
+    await sharding.done;
     const views = await settle(stack, load.sessions, maxDuration + 20_000);
     const recorded = history(stack, load, views);
     const { violations, figures } = check(recorded);
@@ -144,12 +194,22 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
       k.failed += w.failed;
     }
     for (const k of Object.values(byKind)) k.rate_503 = k.webhooks ? +(k.failed / k.webhooks).toFixed(4) : 0;
-    const targets = { calls: figures.calls >= calls, faults: windows.length >= faults };
+    const targets = {
+      calls: figures.calls >= calls,
+      faults: windows.length >= faults,
+      shard_events: sharding.windows.length === (shards > 1 ? 2 : 0),
+    };
     return {
       drill: "chaos",
-      pass: violations.length === 0 && targets.calls && targets.faults,
-      parameters: { short, seed, calls, rate, faults, max_duration_ms: maxDuration },
-      figures: { ...figures, faults_injected: windows.length, rate_503_overall: unavailability(load.acks, [{ from: 0, to: Infinity }])[0].rate_503 },
+      pass: violations.length === 0 && targets.calls && targets.faults && targets.shard_events,
+      parameters: { short, seed, calls, rate, faults, max_duration_ms: maxDuration, shards },
+      figures: {
+        ...figures,
+        faults_injected: windows.length,
+        rate_503_overall: unavailability(load.acks, [{ from: 0, to: Infinity }])[0].rate_503,
+        held_twice: views.twice.length,
+      },
+      shard_events: unavailability(load.acks, sharding.windows),
       rate_503_by_kind: byKind,
       not_200_by_answer: tally(load.acks.filter((a) => a.status !== 200), (a) => `${a.status} ${answerCode(a)}`),
       unanswered_by_cause: tally(unanswered, (u) => u.cause),
@@ -166,7 +226,7 @@ export async function chaos({ short = false, seed = 7, calls, rate, faults } = {
 // ------------------------------------------------------------- failover ----
 
 /** Measures one outage of M1 (`fault` applied at t0) under a steady load of new calls. */
-async function outage(stack, { fault, window, rate, tag }) {
+async function outage(stack, { fault, window, rate, tag, meanwhile = async () => null }) {
   let t0 = 0;
   const loadP = runLoad(stack, {
     calls: Math.ceil(((window + 3_000) * rate) / 1000),
@@ -180,6 +240,8 @@ async function outage(stack, { fault, window, rate, tag }) {
   await sleep(3_000);
   t0 = Date.now();
   await fault();
+  await sleep(1_000);
+  const event = await meanwhile();
   const load = await loadP;
   const firstOf = new Map();
   for (const a of load.acks) if (a.type === "call.initiated" && !firstOf.has(a.session)) firstOf.set(a.session, a);
@@ -192,6 +254,7 @@ async function outage(stack, { fault, window, rate, tag }) {
   const neverDelivered = after.filter((a) => finalByCall.get(a.session).status !== 200).length;
   return {
     load,
+    event,
     figures: {
       new_calls_after_fault: after.length,
       time_to_fallback_ms: landed === null ? null : landed - t0,
@@ -202,30 +265,48 @@ async function outage(stack, { fault, window, rate, tag }) {
   };
 }
 
-export async function failover({ short = false } = {}) {
+export async function failover({ short = false, shards = DRILL_SHARDS } = {}) {
   const window = short ? 4_000 : 20_000;
   const rate = short ? 4 : 8;
   const stack = await startStack({
     nodes: { M1: stable, M2: stable },
     policy: standardPolicy,
+    shards,
     bindings: { ...TIMINGS, CALLFENCE_TEST_MAX_DURATION_MS: short ? "8000" : "15000" },
   });
   try {
-    const killed = await outage(stack, { fault: () => stack.nodes.M1.killAgent(), window, rate, tag: "fo-kill" });
+    // A second after each fault, with calls live: one call shard restarts
+    // in the first outage, and the map halves in the second.
+    const sharded = (event) => (shards > 1 ? event : undefined);
+    const killed = await outage(stack, {
+      fault: () => stack.nodes.M1.killAgent(),
+      window,
+      rate,
+      tag: "fo-kill",
+      meanwhile: sharded(() => restartShard(stack, "calls-1")),
+    });
     await stack.heal("M1");
     await stack.waitAllEligible();
-    const blackholed = await outage(stack, { fault: () => stack.proxies.M1.set("blackhole"), window, rate, tag: "fo-hole" });
+    const blackholed = await outage(stack, {
+      fault: () => stack.proxies.M1.set("blackhole"),
+      window,
+      rate,
+      tag: "fo-hole",
+      meanwhile: sharded(() => changeMap(stack, Math.max(1, shards / 2))),
+    });
     await stack.heal("M1");
     const sessions = [...killed.load.sessions, ...blackholed.load.sessions];
     const views = await settle(stack, sessions, 40_000);
     const merged = { acks: [...killed.load.acks, ...blackholed.load.acks], ccids: { ...killed.load.ccids, ...blackholed.load.ccids } };
     const { violations, figures } = check(history(stack, merged, views));
     const reached = (o) => o.figures.time_to_fallback_ms !== null;
+    const events = [killed.event, blackholed.event].filter(Boolean);
     return {
       drill: "failover",
-      pass: violations.length === 0 && reached(killed) && reached(blackholed),
-      parameters: { short, window_ms: window, rate },
-      figures: { ...figures, process_killed: killed.figures, tunnel_blackholed: blackholed.figures },
+      pass: violations.length === 0 && reached(killed) && reached(blackholed) && events.length === (shards > 1 ? 2 : 0),
+      parameters: { short, window_ms: window, rate, shards },
+      figures: { ...figures, held_twice: views.twice.length, process_killed: killed.figures, tunnel_blackholed: blackholed.figures },
+      shard_events: unavailability(merged.acks, events),
       violations,
     };
   } finally {

@@ -115,7 +115,8 @@ export async function runLoad(stack, opts) {
  * call (`GET /v1/calls`, the `GET /v1/calls/{id}` shape) and, unless
  * `withDecisions` is false, every decision (`GET /v1/decisions?after=`).
  * A release without the paged reads (the rollback drill's previous one
- * answers 404) is read call by call instead.
+ * answers 404) is read call by call instead. `twice` lists the sessions
+ * the paged read listed more than once.
  */
 export async function collect(stack, sessions, { withDecisions = true } = {}) {
   const want = new Set(sessions);
@@ -128,13 +129,17 @@ export async function collect(stack, sessions, { withDecisions = true } = {}) {
     if (e.status !== 404) throw e;
     return collectOneByOne(stack, sessions, withDecisions);
   }
+  // A session listed twice is held by two call shards (SPEC §16: one holder each).
+  const twice = [];
   for (const call of paged) {
-    if (want.has(call.call_session_id)) calls[call.call_session_id] = call;
+    if (!want.has(call.call_session_id)) continue;
+    if (calls[call.call_session_id]) twice.push(call.call_session_id);
+    calls[call.call_session_id] = call;
   }
   const decisions = withDecisions
     ? (await readPages(edge, keys.adminToken, "/v1/decisions", "decisions", { after: 0, limit: 500 })).filter((d) => want.has(d.call_session_id))
     : [];
-  return { calls, decisions };
+  return { calls, decisions, twice };
 }
 
 /** `collect` with `GET /v1/calls/{id}` and `/v1/decisions?call_session_id=` per call, 6 at a time. */
@@ -151,5 +156,5 @@ async function collectOneByOne(stack, sessions, withDecisions) {
     }
   }
   await Promise.all(Array.from({ length: 6 }, worker));
-  return { calls, decisions };
+  return { calls, decisions, twice: [] };
 }

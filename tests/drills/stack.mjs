@@ -7,7 +7,7 @@
 
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { bindingsFor, testKeys, workerdPids } from "../e2e/harness.mjs";
+import { bindingsFor, putShardMap, testKeys, workerdPids } from "../e2e/harness.mjs";
 import { freePort, startCluster, waitFor } from "../e2e/agents-cluster.mjs";
 import { startFaultProxy } from "./faultproxy.mjs";
 import { startRecorder } from "./recorder.mjs";
@@ -29,9 +29,11 @@ const APP_MAX_CALLS = 1000;
  * `deploy` lists the nodes run from a releases layout (startCluster's);
  * `recordBeats` puts a recorder between the agents and the edge
  * (`stack.recorder.beats`); `build` is the Worker build directory to start
- * with (default: the harness's TESTING_BUILD, build-testing/).
+ * with (default: the harness's TESTING_BUILD, build-testing/); `shards` is
+ * the map of call shards put in force before the nodes start (default: the
+ * harness's, one shard unless CALLFENCE_E2E_SHARDS says more).
  */
-export async function startStack({ nodes, policy, bindings = {}, recordBeats = false, build, deploy = [] }) {
+export async function startStack({ nodes, policy, bindings = {}, recordBeats = false, build, deploy = [], shards }) {
   const keys = testKeys();
   const port = await freePort();
   const proxies = {};
@@ -40,7 +42,7 @@ export async function startStack({ nodes, policy, bindings = {}, recordBeats = f
     nodes,
     policy,
     deploy,
-    edge: { keys, port, build, bindings: { ...bindingsFor(keys), ...bindings } },
+    edge: { keys, port, build, shards, bindings: { ...bindingsFor(keys), ...bindings } },
     appArgs: ["--max-calls", String(APP_MAX_CALLS)],
     originFront: async (id, url) => {
       proxies[id] = await startFaultProxy(url);
@@ -61,6 +63,20 @@ export async function startStack({ nodes, policy, bindings = {}, recordBeats = f
     for (const pid of pids) process.kill(pid, "SIGKILL");
     await cluster.edge.restart();
     return pids.length;
+  };
+  /** Puts a map of `n` call shards in force (SPEC §16), as an operator would. */
+  stack.setShards = (n) => putShardMap(cluster.edge, n, keys.adminToken);
+  /**
+   * Restarts one Durable Object, the call shard `name` ("calls-k", or
+   * "global"): the testing build's `/restart` makes it reset itself just
+   * after it answers (its in-memory state, its lease among it, is gone; its
+   * storage stays), and the next request constructs it anew.
+   */
+  stack.restartShard = async (name) => {
+    const stub = await cluster.edge.dispatcher(name);
+    const res = await stub.fetch(`https://${name}/restart`, { method: "POST", body: '{"v":2,"op":"restart"}\n' });
+    const text = await res.text();
+    if (res.status !== 200) throw new Error(`${name}: restart answered ${res.status} ${text}`);
   };
   /** A graceful restart of workerd on the same storage and port, running the Worker build in `dir`. */
   stack.swapEdge = (dir) => cluster.edge.restart({ build: dir });

@@ -193,6 +193,39 @@ describe("call shards: four objects, one holder per session", () => {
     for (const session of sessions) assert.ok(exported.has(session), `${session}'s events exported`);
   });
 
+  test("a restarted object forgets its memory and keeps its calls: deduplicated, fenced and delivered as before", async () => {
+    const m1 = cluster.nodes.M1;
+    /** A message straight to the instance `name` (the testing build's). */
+    const message = async (name, op) => {
+      const stub = await edge.dispatcher(name);
+      const res = await stub.fetch(`https://${name}/${op}`, { method: "POST", body: `{"v":2,"op":"${op}"}\n` });
+      return { status: res.status, body: JSON.parse(await res.text()) };
+    };
+    const profiled = async () => Object.values((await message("global", "profile")).body.ops).reduce((n, op) => n + op.count, 0);
+    for (let k = 0; k < 4; k++) {
+      const name = k === 0 ? "global" : `calls-${k}`;
+      const session = sessionOn(k, 4, "restart");
+      const event = initiated(session);
+      const first = await webhook(edge, event);
+      assert.equal(first.status, 200, `${name}: ${JSON.stringify(first.body)}`);
+      const sent = m1.origin.requests.length;
+      const before = await profiled();
+      assert.ok(before > 0, `${name}: global profiled nothing`);
+      const restarted = await message(name, "restart");
+      assert.deepEqual([restarted.status, restarted.body.restarting], [200, true], `${name}: ${JSON.stringify(restarted.body)}`);
+      // The reset follows the answer: global's profile, kept in memory only, is gone.
+      if (k === 0) await waitFor(async () => (await profiled()) < before, { timeout: 5_000, what: "global's reset" });
+      const again = await webhook(edge, event);
+      assert.deepEqual([again.status, again.body.epoch], [200, first.body.epoch], `${name}: ${JSON.stringify(again.body)}`);
+      assert.equal(m1.origin.requests.length, sent, `${name}: the duplicate forwarded again after the restart`);
+      const ids = { call_session_id: session, call_control_id: `leg-${session}`, epoch: first.body.epoch };
+      const granted = await fence(edge, m1, ids);
+      assert.equal(granted.status, 200, `${name}: ${JSON.stringify(granted.body)}`);
+      const hangup = await webhook(edge, callEvent("call.hangup", { session, leg: `leg-${session}` }));
+      assert.deepEqual([hangup.status, hangup.body.delivered_to], [200, "M1"], `${name}: ${JSON.stringify(hangup.body)}`);
+    }
+  });
+
   test("a shrink under live calls moves no session: their events still reach their holders", async () => {
     const m1 = cluster.nodes.M1;
     // Live calls on shards 2 and 3, then the map shrinks to 2 shards.

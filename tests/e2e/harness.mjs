@@ -112,12 +112,12 @@ export function bindingsFor(keys) {
  * The call shards the e2e matrix runs the call-path files with (SPEC §16):
  * `CALLFENCE_E2E_SHARDS`, default 1. Above one, every edge `startEdge`
  * starts on the real Dispatcher puts a map of that many shards in force
- * before a test gets it (`options.shards: 1` opts out).
+ * before a test gets it (`options.shards` overrides it: 1 opts out).
  */
 export const E2E_SHARDS = Math.max(1, Math.trunc(Number(process.env.CALLFENCE_E2E_SHARDS ?? 1)) || 1);
 
 /** Puts a map of `n` call shards in force with the admin token `token`, unless it is. */
-async function putShardMap(edge, n, token) {
+export async function putShardMap(edge, n, token) {
   const auth = { authorization: `Bearer ${token}` };
   const got = await read(await edge.fetch("/v1/shards", { headers: auth }));
   if (got.body?.call_shards === n) return;
@@ -173,14 +173,16 @@ function edgeWorker(bindings, dispatcher, build = TESTING_BUILD) {
  * options.dispatcherScript: source of a module Worker exporting a stand-in
  *   `Dispatcher` class (a faulty one, or a fake speaking the protocol);
  *   DISPATCHER is then bound to it instead of the real one.
- * options.shards: 1 keeps the map of one shard under the e2e matrix's
- *   CALLFENCE_E2E_SHARDS (a test of the map itself).
+ * options.shards: the call shards to put in force (default: the e2e
+ *   matrix's CALLFENCE_E2E_SHARDS; 1 keeps the map of one shard, for a test
+ *   of the map itself).
  * options.driverScript: source of a module Worker (named "driver") bound to
  *   the same DISPATCHER, reached with `worker("driver")`: `make bench` drives
  *   the Durable Object from inside workerd with it.
  *
  * Returns { url, keys, dir, fetch(path, init), dispatcher(), worker(name), logs,
- * restart(), dispose() }; `dispatcher()` is a stub of the "global" Dispatcher instance,
+ * restart(), dispose() }; `dispatcher(name)` is a stub of the Dispatcher
+ * instance `name` ("global" by default, or a call shard's "calls-k"),
  * straight from Node.
  * `logs` collects every line the runtime logged; `restart()` disposes and
  * starts again on the same storage directory (`restart({ build })`: with
@@ -241,9 +243,9 @@ export async function startEdge(options = {}) {
     fetch(path, init = {}) {
       return fetch(new URL(path, url), { redirect: "manual", ...init });
     },
-    async dispatcher() {
+    async dispatcher(name = "global") {
       const namespace = await mf.getDurableObjectNamespace("DISPATCHER", "callfence");
-      return namespace.get(namespace.idFromName("global"));
+      return namespace.get(namespace.idFromName(name));
     },
     /** A Fetcher for the worker `name` (see options.driverScript). */
     worker(name) {
@@ -261,9 +263,10 @@ export async function startEdge(options = {}) {
     },
   };
   const token = bindings.ADMIN_TOKENS?.split(",")[0]?.trim();
-  if (E2E_SHARDS > 1 && options.shards !== 1 && !options.dispatcherScript && token) {
+  const shards = options.shards ?? E2E_SHARDS;
+  if (shards > 1 && !options.dispatcherScript && token) {
     try {
-      await putShardMap(edge, E2E_SHARDS, token);
+      await putShardMap(edge, shards, token);
     } catch (error) {
       await edge.dispose();
       throw error;
