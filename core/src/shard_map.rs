@@ -139,10 +139,10 @@ pub fn in_force_since(kept: &[MapRevision], since: i64) -> Option<u32> {
 
 /// The rollback floor from the map's kept revisions, oldest first: `V1_4`
 /// when a revision of more than one shard was in force at any time since
-/// `now_ms - retention_ms`, or when what was in force then is unknown
-/// (the safe side).
-pub fn rollback_floor(kept: &[MapRevision], now_ms: i64, retention_ms: i64) -> RollbackFloor {
-    match in_force_since(kept, now_ms.saturating_sub(retention_ms)) {
+/// `now_ms - window_ms`, or when what was in force then is unknown (the
+/// safe side).
+pub fn rollback_floor(kept: &[MapRevision], now_ms: i64, window_ms: i64) -> RollbackFloor {
+    match in_force_since(kept, now_ms.saturating_sub(window_ms)) {
         Some(1) => RollbackFloor::V1_3,
         _ => RollbackFloor::V1_4,
     }

@@ -1165,7 +1165,11 @@ fn a_shard_keeps_the_newest_view_and_a_restarted_directory_s_first_view_wins() {
 fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history() {
     const HOUR: i64 = 3_600_000;
     let engine = World::new().engine;
-    let retention = engine.config().timing.retention_ms;
+    // A session placed under a replaced map may be created until
+    // REPLACED_MAP_USE_MS after the change, live as long as the longest
+    // call, and be kept for the retention after it ends.
+    let horizon = engine.config().timing.holding_horizon_ms();
+    let window = horizon + REPLACED_MAP_USE_MS;
     assert_eq!(
         engine.directory().shard_map().unwrap(),
         (0, ShardMap::default())
@@ -1179,7 +1183,7 @@ fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history(
         )
     );
     let floor =
-        |e: &Engine<SqliteStore>, at: i64| e.directory().rollback_floor(at, retention).unwrap();
+        |e: &Engine<SqliteStore>, at: i64| e.directory().rollback_floor(at, horizon).unwrap();
     assert_eq!(floor(&engine, T0), RollbackFloor::V1_3);
 
     let put = |e: &Engine<SqliteStore>, n: u64, if_match: &str, at: i64| {
@@ -1208,17 +1212,17 @@ fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history(
         (2, ShardMap { call_shards: 4 })
     );
     assert_eq!(floor(&engine, T0 + 2 * HOUR), RollbackFloor::V1_4);
-    // Shrunk back to one: the floor stays until the retention has passed.
+    // Shrunk back to one: the floor stays until no shard but global may
+    // hold a record, past the retention of the longest call.
     let shrunk_at = T0 + 3 * HOUR;
     assert_eq!(put(&engine, 1, "\"2\"", shrunk_at), Ok(3));
-    assert_eq!(
-        floor(&engine, shrunk_at + retention - 1),
-        RollbackFloor::V1_4
-    );
+    let retention = engine.config().timing.retention_ms;
     assert_eq!(
         floor(&engine, shrunk_at + retention + 1),
-        RollbackFloor::V1_3
+        RollbackFloor::V1_4
     );
+    assert_eq!(floor(&engine, shrunk_at + window - 1), RollbackFloor::V1_4);
+    assert_eq!(floor(&engine, shrunk_at + window + 1), RollbackFloor::V1_3);
 }
 
 /// A call shard's own object (`calls-k`, SPEC §16) knows nothing until its

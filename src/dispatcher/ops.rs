@@ -120,7 +120,8 @@ pub fn serve<S: Store>(
         Request::Ping => {
             let directory = engine.directory();
             let (map_revision, map) = directory.shard_map()?;
-            let floor = directory.rollback_floor(now_ms, engine.config().timing.retention_ms)?;
+            let floor =
+                directory.rollback_floor(now_ms, engine.config().timing.holding_horizon_ms())?;
             done(&Documents {
                 documents: Present {
                     policy: engine.policy()?.is_some(),

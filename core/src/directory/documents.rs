@@ -100,16 +100,22 @@ impl<S: Store> Directory<S> {
     }
 
     /// The oldest release this deployment can be rolled back to, from the
-    /// map's kept revisions and the retention (SPEC §16).
+    /// map's kept revisions (SPEC §16): `v1.4` while a shard other than
+    /// `global` may still hold a session's records, that is while a map of
+    /// more than one shard counted within `horizon_ms` (the longest call
+    /// and then the retention) plus [`REPLACED_MAP_USE_MS`], the window
+    /// [`Self::map_notice`] keeps shards in the history for. SPEC §16 says
+    /// "until the retention has passed"; the retention of a session begins
+    /// when it ends, so this is that reading on the safe side.
     pub fn rollback_floor(
         &self,
         now_ms: i64,
-        retention_ms: i64,
+        horizon_ms: i64,
     ) -> Result<RollbackFloor, EngineError> {
         Ok(shard_map::rollback_floor(
             &self.map_history()?,
             now_ms,
-            retention_ms,
+            horizon_ms + REPLACED_MAP_USE_MS,
         ))
     }
 
