@@ -54,7 +54,9 @@ pub fn health(config: &Config, ping: Option<Documents>) -> Value {
         "capabilities": capabilities,
         "dispatcher": if reachable { "reachable" } else { "unreachable" },
         "documents": ping.as_ref().map(|p| json!(p.documents)),
-        // Every call shard of this release is `global`, which answered.
+        // Health asks `global` only (one request, SPEC §13's liveness
+        // check): no other shard is asked, so none is named unreachable
+        // here; `GET /v1/status` names the shards that do not answer.
         "shards": map.map(|m| json!({
             "call_shards": m.call_shards,
             "map_revision": m.map_revision,
