@@ -56,6 +56,12 @@
 //     answer), the cheapest way the runtime offers (FLOOR below), in the
 //     sequential loop beside callfence and the pass-through: its latency
 //     and its CPU per webhook bound what any implementation can reach here.
+// 13. call shards (SPEC §16, shardFigures): one call shard against eight,
+//     two nodes of max_calls 50, whole calls (initiated, answered, hangup):
+//     latency and CPU per call.initiated (ABBA), then a steady run on each
+//     with every object's profile (requests and busy time per webhook, the
+//     directory's apart), and the projection to 32 shards from those busy
+//     times (project).
 //
 // BENCH_CROSSINGS=1 also counts the calls from the wasm into JavaScript
 // (wasm-bindgen's imports: runtime APIs, the SQL helper, Date.now, glue)
@@ -74,8 +80,8 @@
 // BENCH_THROUGHPUT_CALLS (1000), BENCH_CONCURRENCY (8),
 // BENCH_FORWARD_TIMEOUT_MS (1500), BENCH_OVERLOAD_CALLS (600),
 // BENCH_OVERLOAD_CONCURRENCY (32), BENCH_FLOOR_COMMITS (2),
-// BENCH_FLOOR_EXTRA_SQL (0). BENCH_ONLY=shards compares one call shard with
-// eight (latency, CPU, global's share; see shardsOnly). BENCH_ONLY=metrics measures what the edge's
+// BENCH_FLOOR_EXTRA_SQL (0), BENCH_SHARDS_CONCURRENCY (16), BENCH_STEADY_CALLS
+// (1500). BENCH_ONLY=shards runs the call-shard figures (13) alone. BENCH_ONLY=metrics measures what the edge's
 // metrics cost (statements per webhook, a scrape's messages, statements and
 // CPU; BENCH_SCRAPES, BENCH_BUILD). BENCH_ONLY=overload runs the overload phase
 // alone (after BENCH_WARMUP sequential calls), for a machine others share;
@@ -333,9 +339,9 @@ function profiledRun() {
 // -------------------------------------------------------------- profile ----
 
 /** The Dispatcher's profile (src/dispatcher/profile.rs), straight from the DO. */
-async function dispatcherProfile(edge) {
-  const stub = await edge.dispatcher();
-  const res = await stub.fetch("https://dispatcher/profile", { method: "POST", body: '{"v":2,"op":"profile"}\n' });
+async function dispatcherProfile(edge, name = "global") {
+  const stub = await edge.dispatcher(name);
+  const res = await stub.fetch(`https://${name}/profile`, { method: "POST", body: '{"v":2,"op":"profile"}\n' });
   const text = await res.text();
   try {
     const body = JSON.parse(text);
@@ -390,7 +396,7 @@ async function startPlainOrigin() {
 // ------------------------------------------------------------- callfence ----
 
 /** Registry (one stable node at the origin), policy, and an eligible beat. */
-async function setUpCallfence(edge, origin, node) {
+async function setUpCallfence(edge, origin, node, { more = [], maxCalls = 10000 } = {}) {
   const put = async (kind, doc) => {
     const res = await read(
       await edge.fetch(`/v1/${kind}`, {
@@ -401,27 +407,29 @@ async function setUpCallfence(edge, origin, node) {
     );
     if (res.status !== 200) throw new Error(`PUT /v1/${kind}: ${res.status} ${JSON.stringify(res.body)}`);
   };
-  await put("nodes", {
-    schema: "callfence_nodes_v1",
-    nodes: {
-      [NODE]: {
-        role: "stable",
-        origin_url: origin.url,
-        keys: { [KID]: node.publicKey },
-        fallback_approved: false,
-        admin_drained: false,
-        max_calls: 10000,
-      },
-    },
+  const nodes = [[NODE, node], ...more];
+  const entry = (keypair) => ({
+    role: "stable",
+    origin_url: origin.url,
+    keys: { [KID]: keypair.publicKey },
+    fallback_approved: false,
+    admin_drained: false,
+    max_calls: maxCalls,
   });
-  await put("policy", { schema: "riff_node_routing_policy_v1", default_node: NODE, by_line: {}, by_caller: {} });
+  await put("nodes", { schema: "callfence_nodes_v1", nodes: Object.fromEntries(nodes.map(([id, keypair]) => [id, entry(keypair)])) });
+  // Every node but the default prefers the line LINES names for it.
+  const byLine = Object.fromEntries(more.map(([id]) => [`line_${id.toLowerCase()}`, { called_number: LINES[id], preferred_node: id, fallback_node: NODE }]));
+  await put("policy", { schema: "riff_node_routing_policy_v1", default_node: NODE, by_line: byLine, by_caller: {} });
+  // Each node serves the policy's lines, as its agent would report them.
+  const lines = Object.fromEntries(Object.entries(byLine).map(([id, line]) => [id, line.called_number]));
+  const routingHash = sha256Hex(Object.keys(lines).sort().map((id) => `${id}=${lines[id]}\n`).join(""));
 
   let seq = 0;
-  const beat = async () => {
+  const beat = async ([id, keypair]) => {
     seq = Math.max(seq + 1, Date.now());
     const body = JSON.stringify({
       schema: "callfence_heartbeat_v1",
-      node: NODE,
+      node: id,
       seq,
       sent_at: new Date().toISOString(),
       valid_for_s: 30,
@@ -429,40 +437,49 @@ async function setUpCallfence(edge, origin, node) {
       sha: "9b4082d1c0ffee00112233445566778899aabbcc",
       dirty: false,
       app_ready: true,
-      capacity: { max_calls: 10000, active_calls: 0 },
+      capacity: { max_calls: maxCalls, active_calls: 0 },
       tunnel_up: true,
       origin_url: origin.url,
-      lines: {},
-      routing_hash: sha256Hex(""),
+      lines,
+      routing_hash: routingHash,
       agent_version: "bench",
     });
     const url = new URL("/v1/nodes/heartbeat", edge.url);
-    const headers = nodeHeaders({ url, body, node: NODE, kid: KID, privateKey: node.privateKeyObject });
+    const headers = nodeHeaders({ url, body, node: id, kid: KID, privateKey: keypair.privateKeyObject });
     return read(await edge.fetch(url.pathname, { method: "POST", headers, body }));
   };
   // The Worker's key copy refreshes on an unknown key at most once a second.
   const deadline = Date.now() + 10_000;
-  for (;;) {
-    const res = await beat();
-    if (res.status === 200 && res.body.eligible === true) break;
-    if (Date.now() > deadline) throw new Error(`heartbeat: ${res.status} ${JSON.stringify(res.body)}`);
-    await new Promise((resolve) => setTimeout(resolve, 250));
+  for (const n of nodes) {
+    for (;;) {
+      const res = await beat(n);
+      if (res.status === 200 && res.body.eligible === true) break;
+      if (Date.now() > deadline) throw new Error(`heartbeat ${n[0]}: ${res.status} ${JSON.stringify(res.body)}`);
+      await new Promise((resolve) => setTimeout(resolve, 250));
+    }
   }
-  // valid_for_s is at most 30: keep the node eligible through the run.
-  const timer = setInterval(() => beat().catch(() => {}), 10_000);
+  // valid_for_s is at most 30: keep the nodes eligible through the run.
+  const timer = setInterval(() => nodes.forEach((n) => beat(n).catch(() => {})), 10_000);
   timer.unref();
   return () => clearInterval(timer);
 }
 
+/** The called number of each node's line, for the nodes beside NODE (the default). */
+const LINES = { M2: "+14155550188" };
+
 /** A signed call.initiated webhook for a new, distinct inbound call. */
 function newCall(keys, tag, i) {
-  const session = `bench-${RUN}-${tag}-${i}`;
+  return callEvent(keys, `bench-${RUN}-${tag}-${i}`);
+}
+
+/** A signed webhook of `type` for the inbound call `session`, to the number `to`. */
+function callEvent(keys, session, type = "call.initiated", to = "+14155550199") {
   const id = randomUUID();
   const body = JSON.stringify({
     data: {
       record_type: "event",
       id,
-      event_type: "call.initiated",
+      event_type: type,
       occurred_at: new Date().toISOString(),
       payload: {
         call_control_id: `v3:${session}`,
@@ -470,7 +487,7 @@ function newCall(keys, tag, i) {
         call_session_id: session,
         connection_id: "bench",
         from: "+14155550100",
-        to: "+14155550199",
+        to,
         direction: "incoming",
         state: "parked",
       },
@@ -1058,6 +1075,8 @@ async function main() {
 
     // The same Dispatcher doing only its writes, and doing nothing.
     const alone = await dispatcherOnly(edge, origin);
+    // The call shards' figures, on two workerds of their own.
+    const shards = await shardFigures(alone.webhook);
     // The Worker's own CPU, against a stand-in Dispatcher (two more workerd).
     const only = await workerOnly(keys, before.compatibilityDate);
     const crossed = process.env.BENCH_CROSSINGS === "1" ? await crossings(keys, origin) : null;
@@ -1160,6 +1179,7 @@ async function main() {
           return `  ${op.padEnd(8)} total ${ms(x.total_ms, 3)} = decode ${ms(x.decode_ms, 3)} + engine, forward building and encode ${ms(x.serve_ms, 3)} (of which SQL ${ms(x.sql_ms, 3)} in ${x.statements.toFixed(1)} statements) + awaiting the origin ${ms(x.origin_ms, 3)} + alarm ${ms(x.arm_ms, 3)} (${x.alarm_api_calls.toFixed(2)} alarm API calls)`;
         }),
       overloadLine(overload),
+      ...shardLines(shards),
       `size: build/index_bg.wasm ${b.wasmRaw} bytes raw (${(b.wasmRaw / 1024).toFixed(0)} KiB), ${b.wasmGzip} bytes gzipped (${(b.wasmGzip / 1024).toFixed(0)} KiB)`,
     ];
     if (crossed) {
@@ -1214,6 +1234,9 @@ async function main() {
             callfence_p50_ratio: c.p50 / l.p50,
             callfence_cpu_ratio: cpu.callfence / cpu.floor,
           },
+          // The issue's name for it: workerd CPU per webhook (from /proc), callfence to the floor, at one shard.
+          cpu_floor_ratio: cpu.callfence / cpu.floor,
+          cpu_floor_ratio_median: cfC.p50 / flC.p50,
           worker_cpu_ms_median: workerOwnMedian,
           worker_cpu_ms_mean: woReal.mean - woFloor.mean,
           worker_only_cpu_ms_median: woReal.p50,
@@ -1230,6 +1253,7 @@ async function main() {
           overload: overloadJson(overload),
           wasm_raw_bytes: b.wasmRaw,
           wasm_gzip_bytes: b.wasmGzip,
+          ...shardJson(shards),
         }),
       );
     }
@@ -1424,15 +1448,6 @@ function objectFiles(dir) {
   return found;
 }
 
-/** The sum over every operation of one profile field, after minus before. */
-function profileTotal(before, after, field) {
-  let total = 0;
-  for (const op of new Set([...Object.keys(before), ...Object.keys(after)])) {
-    total += (after[op]?.[field] ?? 0) - (before[op]?.[field] ?? 0);
-  }
-  return total;
-}
-
 /**
  * BENCH_ONLY=metrics: what the edge's metrics cost (docs/metrics.md). On
  * its own edge (after `make build`; BENCH_BUILD=<a build directory under the
@@ -1492,7 +1507,7 @@ async function metricsOnly() {
     const scrapeCpu = (cpuMs(pid) - d0) / scrapes;
     const q1 = await dispatcherProfile(edge);
     const metrics = profileDelta(q0, q1, "metrics");
-    const messages = profileTotal(q0, q1, "count") / scrapes;
+    const messages = profileSum({ global: q0 }, { global: q1 }, ["global"], () => true, "count") / scrapes;
     const objects = objectFiles(edge.dir).length;
     const lat = summary(latency);
     console.log(`scrapes: ${scrapes} sequential GET /v1/metrics (${bytes} bytes each): ${messages.toFixed(2)} Dispatcher messages per scrape (profile, every op; heartbeats included), ${metrics.statements.toFixed(2)} SQL statements per scrape, ${objects} Durable Object instance(s) in storage; edge workerd CPU ${scrapeCpu.toFixed(2)} ms per scrape; latency p50 ${lat.p50.toFixed(2)} ms, p99 ${lat.p99.toFixed(2)} ms`);
@@ -1503,73 +1518,249 @@ async function metricsOnly() {
   }
 }
 
+// --------------------------------------------------------------- shards ----
+
+/** The operations of a call's path, served by its holder; whatever else `global` serves is the directory's. */
+const CALL_PATH_OPS = new Set(["webhook", "report", "fence", "claim", "media_verify", "holds", "leg", "call"]);
+/** The operations that reach an object on a webhook's way to its holder (its report goes to the same one). */
+const REACHING_OPS = ["webhook", "holds", "leg"];
+const SHARDS_CONCURRENCY = int("BENCH_SHARDS_CONCURRENCY", 16);
+const STEADY_CALLS = int("BENCH_STEADY_CALLS", 1500);
+const SHARDS = 8;
+const PROJECTED_SHARDS = 32;
+// The holding horizon (the longest call and the retention, test-only
+// switches) made short, so that the one-shard map the eight-shard map
+// replaces stops counting for holder lookups within the run: it counts for
+// the horizon plus REPLACED_MAP_USE_MS (9 s) after the change, and a lease
+// (renewed every 2 s) carries the narrower history to each shard. A
+// deployment's horizon is 28 h: for that long after a change, a new session
+// whose home moved costs one Holds question to its old home.
+const SHARD_TIMINGS = { CALLFENCE_TEST_MAX_DURATION_MS: "4000", CALLFENCE_TEST_RETENTION_MS: "1000" };
+const NARROWED_AFTER_MS = 4_000 + 1_000 + 9_000 + 2 * 2_000;
+
+/** The instances of a map of `n` call shards. */
+const instances = (n) => ["global", ...Array.from({ length: n - 1 }, (_, k) => `calls-${k + 1}`)];
+
+/** Every instance's profile. */
+async function profiles(edge, n) {
+  return Object.fromEntries(await Promise.all(instances(n).map(async (name) => [name, await dispatcherProfile(edge, name)])));
+}
+
+/** CPU ns of each thread of `pid` so far. */
+function threadsNs(pid) {
+  const out = {};
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      out[tid] = Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, "utf8").split(" ")[0]);
+    } catch {
+      // the thread ended meanwhile
+    }
+  }
+  return out;
+}
+
 /**
- * BENCH_ONLY=shards: one call shard against eight (SPEC §16), on two edges
- * of the testing build, the second with a map of eight shards in force.
- * BENCH_CALLS sequential new calls each (after BENCH_WARMUP), interleaved
- * ABBA. Prints each edge's latency p50 and workerd CPU per webhook
- * (schedstat, median), their ratios (8 shards / 1), the requests `global`
- * served per webhook on the eight-shard edge (its profile: every
- * operation, the webhooks whose session it holds among them), and the
- * Durable Object instances that exist there (their SQLite files).
+ * The sum of `field` ("count", or "busy": ms inside the object, awaiting an
+ * origin excluded) over the operations `pick(instance, op)` takes, after
+ * minus before.
  */
-async function shardsOnly() {
-  const before = conditions();
+function profileSum(before, after, names, pick, field) {
+  const value = (x) => (x ? (field === "busy" ? x.total_ms - x.origin_ms : x.count) : 0);
+  let total = 0;
+  for (const name of names) {
+    for (const [op, x] of Object.entries(after[name])) if (pick(name, op)) total += value(x) - value(before[name][op]);
+  }
+  return total;
+}
+
+/** An answer check for a call's events: 200, delivered to one of the nodes. */
+function deliveredToANode(status, text) {
+  let body = null;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    // not JSON: reported below
+  }
+  if (status !== 200 || !["M1", "M2"].includes(body?.delivered_to)) {
+    failures.push(`shards: ${status} ${text.slice(0, 200)}`);
+    throw new Error(`a call's event was not delivered: ${status} ${text.slice(0, 200)}`);
+  }
+}
+
+/** One whole call on `edge` (initiated, answered, hangup); `mark(i)` runs before each. Returns the initiated's round trip. */
+async function wholeCall(edge, keys, session, to, mark = () => {}) {
+  mark(0);
+  const t = await timed(edge.url, callEvent(keys, session, "call.initiated", to), deliveredToANode);
+  mark(1);
+  await timed(edge.url, callEvent(keys, session, "call.answered", to), deliveredToANode);
+  await timed(edge.url, callEvent(keys, session, "call.hangup", to), deliveredToANode);
+  return t;
+}
+
+/** The call's line: every other call is M2's. */
+const lineOf = (i) => (i % 2 === 0 ? "+14155550199" : LINES.M2);
+
+/**
+ * Requests `global` serves for the directory: not its own shard's call
+ * path, not its alarm (no request), not heartbeats (they come per node
+ * and second, not per webhook), not the bench's own profile reads.
+ */
+const isDirectory = (name, op) => name === "global" && !CALL_PATH_OPS.has(op) && !["alarm", "heartbeat", "profile"].includes(op);
+
+/**
+ * What `webhooks` webhooks in `seconds` cost the instances of a map of `n`
+ * shards, from their profiles before (p0) and after (p1): the requests
+ * reaching an object on the way to the holder and the directory's
+ * requests per webhook (by operation), and the busy time per webhook (ms
+ * inside an object, awaiting an origin excluded; a wall-clock reading, so
+ * it holds only when requests do not overlap) of the call path and of the
+ * directory, and the lease asks per call shard per second.
+ */
+function usage(p0, p1, n, webhooks, seconds) {
+  const field = (f, pick) => profileSum(p0, p1, instances(n), pick, f);
+  const directoryOps = {};
+  for (const [op, after] of Object.entries(p1.global)) {
+    const d = after.count - (p0.global[op]?.count ?? 0);
+    if (isDirectory("global", op) && d > 0) directoryOps[op] = d;
+  }
+  const leaseAsks = directoryOps.lease_ask ?? 0;
+  const leaseBusy = field("busy", (name, op) => name === "global" && op === "lease_ask");
+  return {
+    webhooks,
+    seconds,
+    rate: webhooks / seconds,
+    reaching_per_webhook: field("count", (_, op) => REACHING_OPS.includes(op)) / webhooks,
+    directory_per_webhook: field("count", isDirectory) / webhooks,
+    directory_ops: directoryOps,
+    call_busy_ms_per_webhook: field("busy", (_, op) => CALL_PATH_OPS.has(op)) / webhooks,
+    directory_busy_ms_per_webhook: field("busy", isDirectory) / webhooks,
+    lease_busy_ms_per_webhook: leaseBusy / webhooks,
+    lease_asks_per_shard_s: n > 1 ? leaseAsks / seconds / (n - 1) : 0,
+    busy_ms_per_lease_ask: leaseAsks ? leaseBusy / leaseAsks : null,
+  };
+}
+
+/**
+ * STEADY_CALLS whole calls, SHARDS_CONCURRENCY in flight, on `edge` (a map
+ * of `n` shards, workerd `pid`): its {@link usage}, the workerd CPU per
+ * webhook and the busiest thread's share of it.
+ */
+async function steady(edge, pid, keys, n, tag) {
+  const p0 = await profiles(edge, n);
+  const t0 = threadsNs(pid);
+  const started = performance.now();
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: SHARDS_CONCURRENCY }, async () => {
+      for (let i = next++; i < STEADY_CALLS; i = next++) await wholeCall(edge, keys, `bench-${RUN}-${tag}-${i}`, lineOf(i));
+    }),
+  );
+  const seconds = (performance.now() - started) / 1000;
+  const t1 = threadsNs(pid);
+  const p1 = await profiles(edge, n);
+  const webhooks = 3 * STEADY_CALLS;
+  const deltas = Object.keys(t1).map((tid) => t1[tid] - (t0[tid] ?? 0));
+  const cpu = deltas.reduce((a, b) => a + b, 0);
+  return {
+    ...usage(p0, p1, n, webhooks, seconds),
+    cpu_ms_per_webhook: cpu / 1e6 / webhooks,
+    busiest_thread_share: cpu ? Math.max(...deltas) / cpu : 0,
+  };
+}
+
+/**
+ * The throughput of `n` call shards over one object's, in units of one
+ * object's capacity X1 (webhooks/s at one shard: `measuredOneObject`, the
+ * Dispatcher alone driven from inside workerd, else the one-shard steady
+ * rate). Measured inputs: k, the workerd CPU per webhook at eight shards
+ * over one (the steady runs: what a webhook costs its shard, the
+ * directory's share included); the directory's requests per webhook d_w
+ * beyond lease renewals and the renewals r per call shard per second (the
+ * eight-shard steady run); c, a directory request's cost in webhooks (the
+ * profile's busy time per lease ask over the call path's per webhook, at
+ * least 1). Bounds on the webhook rate R: each call shard R/n·k ≤ X1;
+ * `global` R/n·k + R·d_w·c + (n−1)·r·c ≤ X1; the directory's own part
+ * R·d_w·c + (n−1)·r·c ≤ X1/2 (under half busy).
+ */
+function project(seq, run, x1, n = PROJECTED_SHARDS) {
+  const k = run.eight.cpu_ms_per_webhook / run.one.cpu_ms_per_webhook;
+  const r = run.eight.lease_asks_per_shard_s;
+  const dw = Math.max(0, run.eight.directory_per_webhook - (r * (SHARDS - 1)) / run.eight.rate);
+  const perLease = seq.eight.busy_ms_per_lease_ask;
+  const c = Math.max(1, perLease === null ? 1 : perLease / seq.eight.call_busy_ms_per_webhook);
+  const fixed = (n - 1) * r * c;
+  const bounds = {
+    "the call shards": (n * x1) / k,
+    "global, fully busy": (x1 - fixed) / (k / n + dw * c),
+    "the directory at half busy": dw > 0 ? (x1 / 2 - fixed) / (dw * c) : Infinity,
+  };
+  const [limited_by, rate] = Object.entries(bounds).sort((a, b) => a[1] - b[1])[0];
+  return {
+    inputs: { x1_per_s: x1, k, dw, r, c },
+    shards_per_s: rate,
+    limited_by,
+    global_busy: ((rate / n) * k + rate * dw * c + fixed) / x1,
+    directory_busy: (rate * dw * c + fixed) / x1,
+    speedup: rate / x1,
+    // The measured point: on one thread, throughput × CPU per webhook is
+    // the core's share the objects and the Worker got.
+    core_share: { one: run.one.rate * run.one.cpu_ms_per_webhook / 1000, eight: run.eight.rate * run.eight.cpu_ms_per_webhook / 1000 },
+  };
+}
+
+/**
+ * The call-shard figures (SPEC §16): one edge with one call shard and one
+ * with eight, two nodes of max_calls 50, whole calls (initiated, answered,
+ * hangup). After the eight-shard map's history has narrowed: the initiated
+ * webhook's latency and workerd CPU (schedstat, median) on each, interleaved
+ * ABBA, sequential; then a steady run on each ({@link steady}); then the
+ * projection to 32 shards ({@link project}), against `measuredOneObject`
+ * (the Dispatcher-alone rate main measured, when given).
+ */
+async function shardFigures(measuredOneObject = null) {
   const origin = await startPlainOrigin();
   const keys = testKeys();
-  const node = ed25519();
+  const [m1, m2] = [ed25519(), ed25519()];
   const dir8 = mkdtempSync(join(os.tmpdir(), "callfence-shards-"));
-  const base = { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS) };
-  const { result: one, pid: onePid } = await newWorkerd(() => startEdge({ keys, bindings: base }));
-  const { result: eight, pid: eightPid } = await newWorkerd(() =>
-    startEdge({ keys, bindings: base, dir: dir8 }),
-  );
+  const base = { ...bindingsFor(keys), FORWARD_TIMEOUT_MS: String(FORWARD_TIMEOUT_MS), ...SHARD_TIMINGS };
+  const { result: one, pid: onePid } = await newWorkerd(() => startEdge({ keys, bindings: base, shards: 1 }));
+  const { result: eight, pid: eightPid } = await newWorkerd(() => startEdge({ keys, bindings: base, dir: dir8, shards: 1 }));
   const stops = [];
   try {
-    stops.push(await setUpCallfence(one, origin, node));
-    stops.push(await setUpCallfence(eight, origin, node));
-    const headers = { ...bearer(eight.keys.adminToken), "if-match": '"0"', "content-type": "application/json" };
-    const map = JSON.stringify({ schema: "callfence_shards_v1", call_shards: 8 });
-    const put = await read(await eight.fetch("/v1/shards", { method: "PUT", headers, body: map }));
+    for (const edge of [one, eight]) stops.push(await setUpCallfence(edge, origin, m1, { more: [["M2", m2]], maxCalls: 50 }));
+    const put = await read(
+      await eight.fetch("/v1/shards", {
+        method: "PUT",
+        headers: { ...bearer(keys.adminToken), "if-match": '"0"', "content-type": "application/json" },
+        body: JSON.stringify({ schema: "callfence_shards_v1", call_shards: SHARDS }),
+      }),
+    );
     if (put.status !== 200) throw new Error(`PUT /v1/shards: ${put.status} ${JSON.stringify(put.body)}`);
-    const edges = { one: [one, new CpuPerRequest(onePid), []], eight: [eight, new CpuPerRequest(eightPid), []] };
-    let profile0 = null;
-    for (let i = 0; i < WARMUP + CALLS; i += 1) {
-      const measured = i >= WARMUP;
-      if (i === WARMUP) profile0 = await dispatcherProfile(eight);
-      const order = i % 2 === 0 ? ["one", "eight"] : ["eight", "one"];
-      for (const name of order) {
-        const [edge, cpu, latency] = edges[name];
-        cpu.mark(measured);
-        const t = await timed(edge.url, newCall(keys, `shards-${name}`, i), checkCallfence);
-        if (measured) latency.push(t);
+    const narrowedAt = Date.now() + NARROWED_AFTER_MS;
+    for (let i = 0; i < WARMUP || Date.now() < narrowedAt; i += 1) {
+      for (const edge of [one, eight]) await wholeCall(edge, keys, `bench-${RUN}-shw-${i}`, lineOf(i));
+    }
+    const arms = { one: [one, new CpuPerRequest(onePid), []], eight: [eight, new CpuPerRequest(eightPid), []] };
+    const before = { one: await profiles(one, 1), eight: await profiles(eight, SHARDS) };
+    const started = performance.now();
+    for (let i = 0; i < CALLS; i += 1) {
+      for (const name of i % 2 === 0 ? ["one", "eight"] : ["eight", "one"]) {
+        const [edge, cpu, latency] = arms[name];
+        latency.push(await wholeCall(edge, keys, `bench-${RUN}-shl-${name}-${i}`, lineOf(i), (step) => cpu.mark(step === 0)));
       }
     }
-    edges.one[1].mark(false);
-    edges.eight[1].mark(false);
-    const profile1 = await dispatcherProfile(eight);
-    const globalPerWebhook = profileTotal(profile0, profile1, "count") / CALLS;
-    const objects = objectFiles(dir8).length;
-    const fig = (name) => ({ p50: summary(edges[name][2]).p50, cpu: summary(edges[name][1].samples).p50 });
-    const [a, b] = [fig("one"), fig("eight")];
-    const after = os.loadavg().map((x) => x.toFixed(2)).join(" ");
-    console.log("\n== bench: call shards (BENCH_ONLY=shards)");
-    console.log(`machine: ${before.machine}; load average (1/5/15 min) ${before.load} before, ${after} after; commit ${before.commit}; ${CALLS} sequential new calls per edge after ${WARMUP}, interleaved ABBA`);
-    console.log(`1 shard:  p50 ${ms(a.p50)}, workerd CPU per webhook median ${ms(a.cpu, 3)}`);
-    console.log(`8 shards: p50 ${ms(b.p50)}, workerd CPU per webhook median ${ms(b.cpu, 3)}`);
-    console.log(`shards_p50_ratio ${(b.p50 / a.p50).toFixed(2)}; CPU ratio ${(b.cpu / a.cpu).toFixed(2)}; global served ${globalPerWebhook.toFixed(3)} requests per webhook on the 8-shard edge (1/8 of the webhooks are its own); ${objects} objects exist there`);
-    if (process.env.BENCH_JSON === "1") {
-      console.log(
-        JSON.stringify({
-          commit: before.commit,
-          shards_p50_ratio: b.p50 / a.p50,
-          cpu_ms_per_webhook_1: a.cpu,
-          cpu_ms_per_webhook_8: b.cpu,
-          global_requests_per_webhook_8: globalPerWebhook,
-          objects_8: objects,
-        }),
-      );
-    }
+    for (const [, cpu] of Object.values(arms)) cpu.mark(false);
+    const fig = (name) => ({ p50: summary(arms[name][2]).p50, cpu: summary(arms[name][1].samples).p50 });
+    const latency = { one: fig("one"), eight: fig("eight") };
+    // Both edges took turns: each one's webhooks came one at a time.
+    const seconds = (performance.now() - started) / 1000;
+    const seq = {
+      one: usage(before.one, await profiles(one, 1), 1, 3 * CALLS, seconds),
+      eight: usage(before.eight, await profiles(eight, SHARDS), SHARDS, 3 * CALLS, seconds),
+    };
+    const runs = { one: await steady(one, onePid, keys, 1, "sh1"), eight: await steady(eight, eightPid, keys, SHARDS, "sh8") };
+    const projection = project(seq, runs, measuredOneObject ?? runs.one.rate);
+    return { latency, seq, runs, projection, measuredOneObject, objects: objectFiles(dir8).length };
   } finally {
     for (const stop of stops) stop();
     await one.dispose();
@@ -1577,6 +1768,54 @@ async function shardsOnly() {
     rmSync(dir8, { recursive: true, force: true });
     await origin.close();
   }
+}
+
+/** The call-shard figures as lines for the report. */
+function shardLines(f) {
+  const { latency: l, seq, runs: r, projection: p } = f;
+  const ops = (o) => Object.entries(o).map(([op, n]) => `${op} ${n}`).join(", ") || "none";
+  const run = (name, x) =>
+    `  ${name}: ${x.rate.toFixed(0)} webhooks/s; objects per webhook ${(x.reaching_per_webhook + x.directory_per_webhook).toFixed(3)} (on the way to the holder ${x.reaching_per_webhook.toFixed(3)}, directory ${x.directory_per_webhook.toFixed(4)}: ${ops(x.directory_ops)}); workerd CPU per webhook ${ms(x.cpu_ms_per_webhook, 3)}, its busiest thread ${(100 * x.busiest_thread_share).toFixed(0)}% of it`;
+  const busy = (name, x) => `  ${name}: call path ${ms(x.call_busy_ms_per_webhook, 3)}, directory ${ms(x.directory_busy_ms_per_webhook, 3)} (${ops(x.directory_ops)})`;
+  return [
+    `call shards (SPEC §16; two nodes of max_calls 50, whole calls: initiated, answered, hangup; the 8-shard map's history narrowed first, test-only horizon ${SHARD_TIMINGS.CALLFENCE_TEST_MAX_DURATION_MS} + ${SHARD_TIMINGS.CALLFENCE_TEST_RETENTION_MS} ms):`,
+    `  latency of call.initiated, ${CALLS} sequential calls per edge interleaved ABBA: 1 shard p50 ${ms(l.one.p50)}, 8 shards p50 ${ms(l.eight.p50)}: shards_p50_ratio ${(l.eight.p50 / l.one.p50).toFixed(2)}`,
+    `  workerd CPU per call.initiated (schedstat, median): 1 shard ${ms(l.one.cpu, 3)}, 8 shards ${ms(l.eight.cpu, 3)}: ratio ${(l.eight.cpu / l.one.cpu).toFixed(2)}`,
+    `  busy time per webhook inside the objects (their profiles, the sequential calls):`,
+    busy("1 shard ", seq.one),
+    busy("8 shards", seq.eight),
+    `  steady run, ${STEADY_CALLS} whole calls per edge, ${SHARDS_CONCURRENCY} in flight:`,
+    run("1 shard ", r.one),
+    run("8 shards", r.eight),
+    `  local workerd runs every object on one thread (its busiest thread had ${(100 * r.eight.busiest_thread_share).toFixed(0)}% of the CPU at 8 shards); there, rate x CPU per webhook = ${p.core_share.one.toFixed(2)} of a core at 1 shard, ${p.core_share.eight.toFixed(2)} at 8: throughput is the inverse of the cost per webhook, as the projection assumes per object`,
+    `  projection to ${PROJECTED_SHARDS} shards (docs/performance.md, "Call shards"): one object X1 = ${p.inputs.x1_per_s.toFixed(0)} webhooks/s (${f.measuredOneObject ? "the Dispatcher alone, measured above" : "the 1-shard steady rate"}); cost at 8 shards over 1 k = ${p.inputs.k.toFixed(3)}; directory requests beyond renewals ${p.inputs.dw.toFixed(4)} per webhook, renewals ${p.inputs.r.toFixed(2)} per shard per s, each costing ${p.inputs.c.toFixed(2)} webhooks: ${PROJECTED_SHARDS} shards ${p.shards_per_s.toFixed(0)} webhooks/s, limited by ${p.limited_by}; global ${(100 * p.global_busy).toFixed(0)}% busy, its directory part ${(100 * p.directory_busy).toFixed(0)}%: projected_speedup_32 ${p.speedup.toFixed(1)}`,
+  ];
+}
+
+/** The call-shard figures for the JSON line. */
+function shardJson(f) {
+  const { latency: l, runs: r, projection: p } = f;
+  return {
+    shards_p50_ratio: l.eight.p50 / l.one.p50,
+    directory_requests_per_webhook: r.eight.directory_per_webhook,
+    objects_per_webhook: r.eight.reaching_per_webhook + r.eight.directory_per_webhook,
+    objects_per_webhook_1: r.one.reaching_per_webhook + r.one.directory_per_webhook,
+    cpu_ms_per_webhook_1: l.one.cpu,
+    cpu_ms_per_webhook_8: l.eight.cpu,
+    cpu_8_to_1_ratio: l.eight.cpu / l.one.cpu,
+    projected_speedup_32: p.speedup,
+    shards: { latency: l, sequential: f.seq, runs: r, projection: p, objects_8: f.objects },
+  };
+}
+
+/** BENCH_ONLY=shards: the call-shard figures alone. */
+async function shardsOnly() {
+  const before = conditions();
+  const figures = await shardFigures();
+  console.log("\n== bench: call shards (BENCH_ONLY=shards)");
+  console.log(`machine: ${before.machine}; load average (1/5/15 min) ${before.load} before; commit ${before.commit}`);
+  for (const line of shardLines(figures)) console.log(line);
+  if (process.env.BENCH_JSON === "1") console.log(JSON.stringify({ commit: before.commit, ...shardJson(figures) }));
 }
 
 if (process.env.BENCH_ONLY === "overload") {

@@ -201,6 +201,10 @@ pub struct TestSwitches {
     pub node_lost_ms: Option<i64>,
     /// `CALLFENCE_TEST_MAX_DURATION_MS`.
     pub max_duration_ms: Option<i64>,
+    /// `CALLFENCE_TEST_RETENTION_MS`: how long an ended session's records
+    /// are kept, and with the longest call how long a replaced shard map
+    /// still counts for holder lookups (the bench's steady state).
+    pub retention_ms: Option<i64>,
     /// `CALLFENCE_TEST_SWEEP_MS`.
     pub sweep_ms: Option<i64>,
     /// `CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES`: every atomic unit of the
@@ -227,6 +231,7 @@ impl TestSwitches {
         TestSwitches {
             node_lost_ms: positive("CALLFENCE_TEST_NODE_LOST_MS"),
             max_duration_ms: positive("CALLFENCE_TEST_MAX_DURATION_MS"),
+            retention_ms: positive("CALLFENCE_TEST_RETENTION_MS"),
             sweep_ms: positive("CALLFENCE_TEST_SWEEP_MS"),
             fail_unit_after_writes: var("CALLFENCE_TEST_FAIL_UNIT_AFTER_WRITES")
                 .and_then(|v| v.trim().parse::<u32>().ok()),
@@ -410,6 +415,7 @@ impl Config {
             Timing {
                 node_lost_after_ms: test.node_lost_ms.unwrap_or(defaults.node_lost_after_ms),
                 max_duration_ms: test.max_duration_ms.unwrap_or(defaults.max_duration_ms),
+                retention_ms: test.retention_ms.unwrap_or(defaults.retention_ms),
                 sweep_interval_ms: test.sweep_ms.unwrap_or(defaults.sweep_interval_ms),
                 ..defaults
             }

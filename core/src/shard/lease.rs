@@ -177,7 +177,7 @@ impl<S: Store> CallShard<S> {
     /// Runs `serve` with every decision taken as it stands: a node found
     /// full for want of room held elsewhere is full. The Dispatcher serves
     /// a request this way once it asked for the room a first try lacked
-    /// ([`Undo::NeedRoom`]), so that a request is undone at most once.
+    /// (`Undo::NeedRoom`), so that a request is undone at most once.
     pub fn as_is<T>(&self, serve: impl FnOnce() -> T) -> T {
         self.as_is.set(true);
         let out = serve();
