@@ -1674,7 +1674,8 @@ async function steady(edge, pid, keys, n, tag) {
  * Dispatcher alone driven from inside workerd, else the one-shard steady
  * rate). Measured inputs: k, the workerd CPU per webhook at eight shards
  * over one (the steady runs: what a webhook costs its shard, the
- * directory's share included); the directory's requests per webhook d_w
+ * directory's share included; at least 1, since a ratio below it is the
+ * runs' noise, not a saving); the directory's requests per webhook d_w
  * beyond lease renewals and the renewals r per call shard per second (the
  * eight-shard steady run); c, a directory request's cost in webhooks (the
  * profile's busy time per lease ask over the call path's per webhook, at
@@ -1683,7 +1684,7 @@ async function steady(edge, pid, keys, n, tag) {
  * R·d_w·c + (n−1)·r·c ≤ X1/2 (under half busy).
  */
 function project(seq, run, x1, n = PROJECTED_SHARDS) {
-  const k = run.eight.cpu_ms_per_webhook / run.one.cpu_ms_per_webhook;
+  const k = Math.max(1, run.eight.cpu_ms_per_webhook / run.one.cpu_ms_per_webhook);
   const r = run.eight.lease_asks_per_shard_s;
   const dw = Math.max(0, run.eight.directory_per_webhook - (r * (SHARDS - 1)) / run.eight.rate);
   const perLease = seq.eight.busy_ms_per_lease_ask;
