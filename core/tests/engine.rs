@@ -1225,6 +1225,65 @@ fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history(
     assert_eq!(floor(&engine, shrunk_at + window + 1), RollbackFloor::V1_3);
 }
 
+/// A directory that has just restarted has changed nothing since: the
+/// lease it grants must still carry a view the shard takes over the one it
+/// kept from before the restart, or the shard decides on eligibility the
+/// directory acknowledged away. (The lease simulation found it: a drain
+/// acknowledged, `global` restarted, a new call sent to the drained node.)
+#[test]
+fn a_lease_from_a_restarted_directory_carries_a_view_the_shard_takes() {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    let store = SqliteStore::in_memory().unwrap();
+    migrate(&store, T0).unwrap();
+    let calls1 = Engine::call_shard(store, EngineConfig::default(), 1);
+    let map = MapNotice::new(1, 2, 0);
+    let grant = |engine: &Engine<SqliteStore>, now: i64| {
+        let ask = calls1.shard().lease_ask(false).unwrap();
+        let lease = engine.handle_lease_ask(&ask, now).unwrap().unwrap();
+        let lease: Lease = serde_json::from_str(&serde_json::to_string(&lease).unwrap()).unwrap();
+        assert!(calls1.shard().handle_lease(lease).unwrap());
+    };
+    let call = |i: u32, now: i64| {
+        let session = (0..)
+            .map(|n| format!("v3:restarted-{i}-{n}"))
+            .find(|s| map.home(s) == 1)
+            .unwrap();
+        let body = json!({"data": {"id": format!("e{i}"), "event_type": "call.initiated", "payload": {"call_session_id": session,
+            "call_control_id": format!("leg-{session}"), "from": "+12125550199", "to": "+15102160079", "direction": "incoming"}}})
+        .to_string();
+        let envelope = parse_envelope(body.as_bytes()).unwrap();
+        let arrival = Arrival {
+            map: Some(map),
+            absent: Some((1, vec![0])),
+            legs_asked: false,
+        };
+        calls1
+            .handle_placed_webhook(&envelope, &body, &[], &arrival, now)
+            .unwrap()
+    };
+    grant(&w.engine, w.now);
+    assert_eq!(forward(call(1, w.now)).node, "M1");
+
+    // M1 drains, and the directory restarts before anything else changes.
+    w.now += 1_000;
+    w.beat("M1", |hb| hb.mode = Mode::Drained).unwrap();
+    w.now += 1_000;
+    let store = std::mem::replace(
+        &mut w.engine,
+        Engine::new(SqliteStore::in_memory().unwrap(), EngineConfig::default()),
+    )
+    .into_store();
+    w.engine = Engine::new(store, EngineConfig::default());
+    w.now += 1_000;
+    grant(&w.engine, w.now);
+    let next = call(2, w.now);
+    assert!(
+        !matches!(&next, Ingress::Forward(f) if f.node == "M1"),
+        "a new call went to the drained M1: {next:?}"
+    );
+}
+
 /// A call shard's own object (`calls-k`, SPEC §16) knows nothing until its
 /// lease, which crosses from `global` as JSON: before it a new call parks
 /// and a node's key is unknown; under it the call is forwarded and

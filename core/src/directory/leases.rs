@@ -169,7 +169,7 @@ impl<S: Store> Directory<S> {
             return Ok(None);
         }
         let elsewhere = self.held_except(Some(ask.shard))?;
-        let view = self.view()?;
+        let view = self.view_at(now_ms)?;
         let mut caps = PerNode::default();
         let mut reclaim = Vec::new();
         if let Some((_, registry)) = &view.registry {

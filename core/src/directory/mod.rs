@@ -69,6 +69,9 @@ struct Cache {
     view: Option<Rc<DirectoryView>>,
     /// Changes since this directory started (the views' `generation`).
     generation: u64,
+    /// This start's number, counted in storage at the first view (the
+    /// views' `incarnation`).
+    incarnation: Option<u64>,
     /// The time of the last change (the views' `as_of_ms`).
     changed_at_ms: i64,
     /// True once the current view went out through `poll_output`.
@@ -247,13 +250,7 @@ impl<S: Store> Directory<S> {
         if self.cache.borrow().view_sent {
             return Ok(None);
         }
-        {
-            let mut cache = self.cache.borrow_mut();
-            if cache.view.is_none() {
-                cache.changed_at_ms = cache.changed_at_ms.max(now_ms);
-            }
-        }
-        let view = self.view()?;
+        let view = self.view_at(now_ms)?;
         self.cache.borrow_mut().view_sent = true;
         Ok(Some(DirectoryOutput::View(view)))
     }

@@ -224,9 +224,32 @@ impl<S: Store> Directory<S> {
     /// rebuilt from the caches only after a change, so in steady state
     /// taking it is one reference count, whatever the number of nodes.
     pub fn view(&self) -> Result<Rc<DirectoryView>, EngineError> {
+        self.view_as_of(None)
+    }
+
+    /// [`Directory::view`], as of `now_ms` at the latest when it is taken
+    /// afresh: it then holds everything stored until now. A directory that
+    /// has just started (or dropped its caches) has changed nothing yet;
+    /// as of 0 its views would order before every view a shard kept from
+    /// before, and a shard would keep deciding on that older one under a
+    /// lease granted after a change (SPEC §16).
+    pub fn view_at(&self, now_ms: i64) -> Result<Rc<DirectoryView>, EngineError> {
+        self.view_as_of(Some(now_ms))
+    }
+
+    fn view_as_of(&self, now_ms: Option<i64>) -> Result<Rc<DirectoryView>, EngineError> {
         if let Some(view) = &self.cache.borrow().view {
             return Ok(view.clone());
         }
+        let started = self.cache.borrow().incarnation;
+        let incarnation = match started {
+            Some(incarnation) => incarnation,
+            None => {
+                let counted = self.unit(|| self.q().counters(&["directory_starts"], &[]))?[0];
+                self.cache.borrow_mut().incarnation = Some(counted);
+                counted
+            }
+        };
         let registry = self.registry()?;
         let mut nodes = BTreeMap::new();
         if let Some((_, r)) = &registry {
@@ -241,13 +264,17 @@ impl<S: Store> Directory<S> {
             }
         }
         let (generation, as_of_ms) = {
-            let cache = self.cache.borrow();
+            let mut cache = self.cache.borrow_mut();
+            if let Some(now_ms) = now_ms {
+                cache.changed_at_ms = cache.changed_at_ms.max(now_ms);
+            }
             (cache.generation, cache.changed_at_ms)
         };
         let view = Rc::new(DirectoryView {
             v: VIEW_VERSION,
             as_of_ms,
             generation,
+            incarnation,
             registry,
             policy: self.policy()?,
             nodes,

@@ -17,11 +17,14 @@ pub const VIEW_VERSION: u16 = 1;
 /// documents in force with their revisions, and per registered node its
 /// last accepted beat and forward health.
 ///
-/// Views are ordered by `(nodes_revision, policy_revision, generation)`: a
-/// receiver keeps the newest and drops an older one delivered late, so a
-/// view sent twice or out of order changes nothing. `generation` counts
-/// the directory's changes since its object started; `as_of_ms`, the time
-/// of the last of them, orders views across a restart of the directory.
+/// Views are ordered by `(nodes_revision, policy_revision, incarnation,
+/// as_of_ms, generation)`: a receiver keeps the newest and drops an older
+/// one delivered late, so a view sent twice or out of order changes
+/// nothing. `incarnation` counts the directory's starts (stored), so a
+/// view of a restarted directory supersedes every view from before the
+/// restart, even one taken in the same millisecond; `generation` counts
+/// the directory's changes since it started, and `as_of_ms` is the time
+/// of the last of them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DirectoryView {
     /// [`VIEW_VERSION`].
@@ -30,6 +33,10 @@ pub struct DirectoryView {
     pub as_of_ms: i64,
     /// The directory's change count when it took the view.
     pub generation: u64,
+    /// The directory's starts, counted in its storage (0 in a view from a
+    /// build that did not count them).
+    #[serde(default)]
+    pub incarnation: u64,
     /// The node registry in force and its revision (`None` before any).
     pub registry: Option<(u64, Rc<NodeRegistry>)>,
     /// The routing policy in force and its revision (`None` before any).
@@ -45,6 +52,7 @@ impl DirectoryView {
             v: VIEW_VERSION,
             as_of_ms: 0,
             generation: 0,
+            incarnation: 0,
             registry: None,
             policy: None,
             nodes: BTreeMap::new(),
@@ -62,13 +70,14 @@ impl DirectoryView {
     }
 
     /// True when this view is newer than `other`: a later revision of
-    /// either document, or the same revisions after more changes (or, with
-    /// equal counts, taken later: the directory restarted).
+    /// either document, or the same revisions from a later start of the
+    /// directory, or from the same start after more changes.
     pub fn supersedes(&self, other: &DirectoryView) -> bool {
         let key = |v: &DirectoryView| {
             (
                 v.nodes_revision(),
                 v.policy_revision(),
+                v.incarnation,
                 v.as_of_ms,
                 v.generation,
             )
@@ -229,6 +238,14 @@ mod tests {
         assert!(view(Some(3), Some(5), 1_001, 0).supersedes(&base));
         assert!(!base.supersedes(&view(Some(4), Some(5), 900, 1)));
         assert!(!view(Some(3), Some(5), 1_000, 6).supersedes(&base));
+        // A restarted directory's view supersedes the views from before,
+        // taken in the same millisecond with fewer changes or not.
+        let restarted = DirectoryView {
+            incarnation: 1,
+            ..view(Some(3), Some(5), 1_000, 0)
+        };
+        assert!(restarted.supersedes(&base));
+        assert!(!base.supersedes(&restarted));
         // The same view again supersedes nothing: a repeat changes nothing.
         assert!(!base.supersedes(&base.clone()));
         let empty = DirectoryView::empty();
