@@ -34,6 +34,10 @@ mod explore;
 #[allow(dead_code)]
 #[path = "../sim/holders.rs"]
 mod holders;
+mod lease_race;
+#[allow(dead_code)]
+#[path = "../sim/leases.rs"]
+mod leases;
 mod map_race;
 mod plants;
 #[allow(dead_code)]
@@ -234,9 +238,9 @@ fn planted_report_epoch_unchecked_applies_a_superseded_report() {
     planted("report_epoch_unchecked", 7, |_| {});
 }
 
-fn print_race(name: &str, race: &map_race::Race) {
+fn print_race<A: std::fmt::Debug>(name: &str, race: &map_race::Race<A>) {
     println!(
-        "model check (map race{name}): {} states, {} transitions, depth {}",
+        "model check ({name}): {} states, {} transitions, depth {}",
         race.states, race.transitions, race.depth
     );
     if let Some((path, violation)) = &race.found {
@@ -251,7 +255,7 @@ fn print_race(name: &str, race: &map_race::Race) {
 #[cfg_attr(debug_assertions, ignore = "release only: `make test` runs it")]
 fn the_map_change_race_never_creates_a_session_twice() {
     let race = map_race::explore(None);
-    print_race("", &race);
+    print_race("map race", &race);
     assert!(race.found.is_none(), "the map race broke an invariant");
     assert!(race.states > 100, "the race explored nothing");
 }
@@ -260,8 +264,53 @@ fn the_map_change_race_never_creates_a_session_twice() {
 #[cfg_attr(debug_assertions, ignore = "release only: `make test` runs it")]
 fn planted_creation_without_the_holder_check_is_found_in_the_map_race() {
     let race = map_race::explore(Some(holders::Plant::SkipLookup));
-    print_race(", planted skip_lookup", &race);
+    print_race("map race, planted skip_lookup", &race);
     let (path, violation) = race.found.expect("the planted creation went unnoticed");
     assert!(violation.contains("is held by shards"), "{violation}");
     assert!(path.len() <= 8, "not a short counterexample: {path:?}");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "release only: `make test` runs it")]
+fn the_lease_race_keeps_capacity_and_acknowledged_drains() {
+    let race = lease_race::explore(None, &lease_race::Bounds::from_env());
+    print_race("lease race", &race);
+    assert!(race.found.is_none(), "the lease race broke an invariant");
+    assert!(race.states > 100, "the race explored nothing");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "release only: `make test` runs it")]
+fn planted_capacity_counted_per_shard_is_found_in_the_lease_race() {
+    let race = lease_race::explore(
+        Some(leases::Plant::CapacityPerShard),
+        &lease_race::Bounds::from_env(),
+    );
+    print_race("lease race, planted capacity per shard", &race);
+    let (path, violation) = race
+        .found
+        .expect("capacity counted per shard went unnoticed");
+    assert!(
+        violation.contains("open calls over the shards"),
+        "{violation}"
+    );
+    assert!(path.len() <= 5, "not a short counterexample: {path:?}");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "release only: `make test` runs it")]
+fn planted_eligibility_change_applied_only_to_the_directory_is_found_in_the_lease_race() {
+    let race = lease_race::explore(
+        Some(leases::Plant::AckAtDirectory),
+        &lease_race::Bounds::from_env(),
+    );
+    print_race("lease race, planted ack at the directory", &race);
+    let (path, violation) = race
+        .found
+        .expect("the drain applied at the directory alone went unnoticed");
+    assert!(
+        violation.contains("after its drain was acknowledged"),
+        "{violation}"
+    );
+    assert!(path.len() <= 5, "not a short counterexample: {path:?}");
 }

@@ -15,12 +15,13 @@ use crate::holders::{Action, HolderWorld, Plant};
 use callfence_core::placement::home;
 use std::collections::{HashSet, VecDeque};
 
-/// What the search covered, and the shortest violating path if any.
-pub struct Race {
+/// What a search covered, and the shortest violating path of `A`s if any
+/// (this race's, and the lease race's).
+pub struct Race<A> {
     pub states: usize,
     pub transitions: usize,
     pub depth: usize,
-    pub found: Option<(Vec<Action>, String)>,
+    pub found: Option<(Vec<A>, String)>,
 }
 
 /// The race's session: one the new map places on shard 1 (the old map
@@ -75,7 +76,7 @@ fn enabled(world: &HolderWorld, path: &[Action]) -> Vec<Action> {
 }
 
 /// Explores every interleaving, breadth first.
-pub fn explore(plant: Option<Plant>) -> Race {
+pub fn explore(plant: Option<Plant>) -> Race<Action> {
     let mut race = Race {
         states: 0,
         transitions: 0,

@@ -18,6 +18,11 @@
 //! drain was acknowledged before the decision started (a drain beat is
 //! acknowledged when `Engine::acknowledge_at` says, as the Dispatcher
 //! answers it, at the latest; sooner when the shards gave their leases up).
+//!
+//! Each step is an [`Action`]: the simulation draws them at random
+//! ([`LeaseWorld::run`]), and the model check enumerates them
+//! (`core/tests/model/lease_race.rs`), with [`LeaseWorld::fingerprint`] to
+//! know a state seen before.
 
 use crate::common::fixtures::{self, BeatSpec};
 use crate::rng::Rng;
@@ -29,13 +34,15 @@ use callfence_core::placement::home;
 use callfence_core::shard::{Arrival, CallShard, ShardInput};
 use callfence_core::store::migrate;
 use callfence_core::store::sqlite::SqliteStore;
+use callfence_core::store::{Store, Value};
 use callfence_core::telnyx::parse_envelope;
 use serde_json::json;
 use std::rc::Rc;
 
 const NODES: [&str; 2] = ["M1", "M2"];
-/// Each node's `max_calls` (the registry's; beats say more).
+/// Each node's `max_calls` in the simulation (the registry's; beats say more).
 pub const LIMIT: u32 = 2;
+/// The objects of the simulation: `global` and two call shards.
 const SHARDS: u32 = 3;
 const STEPS: u32 = 300;
 const LINE: &str = "+15102160079";
@@ -55,10 +62,41 @@ pub enum Plant {
     RevokeIgnored,
 }
 
+/// One step of the lease world.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// The clock moves on this many ms.
+    Wait(i64),
+    /// A new inbound call, placed on shard `.0`.
+    Call(u32),
+    /// The open call `.0` (oldest first) hangs up.
+    Hangup(usize),
+    /// Call shard `.0` asks for a lease, unless its last ask is young.
+    Ask(u32),
+    /// The directory's next queued reclaim: the shard it names asks again,
+    /// wanting no spare room.
+    Reclaim,
+    /// The message `i` in flight arrives; `again`: a copy stays in flight
+    /// (a duplicate); `answered` false: a revocation's answer is lost.
+    Deliver {
+        i: usize,
+        again: bool,
+        answered: bool,
+    },
+    /// The message `.0` in flight is lost.
+    Lose(usize),
+    /// Node `.0` drains, or comes back, and beats.
+    Toggle(usize),
+    /// Every node beats.
+    Beats,
+    /// Object `.0` restarts, its memory dropped (0: `global`).
+    Restart(u32),
+}
+
 /// A message between `global` and a call shard, in flight in its wire form
 /// (JSON), as it crosses from one object to another.
 #[derive(Debug, Clone)]
-enum Message {
+pub enum Message {
     Ask(String),
     Lease(String),
     /// The directory asks shard `.0` to give up its lease for ask `.1`;
@@ -74,21 +112,28 @@ fn wire(message: &impl serde::Serialize) -> String {
 pub struct LeaseWorld {
     rng: Rng,
     plant: Option<Plant>,
+    /// The objects: `global` and call shards 1 .. `shard_count`.
+    shard_count: u32,
+    /// Each node's `max_calls`.
+    limit: u32,
     now: i64,
     global: Option<Engine<SqliteStore>>,
     shards: Vec<Option<CallShard<Rc<SqliteStore>>>>,
     stores: Vec<Rc<SqliteStore>>,
-    in_flight: Vec<Message>,
+    pub in_flight: Vec<Message>,
     /// Per node: mode and beat seq.
     modes: [(Mode, u64); 2],
     /// Per node: from when its drain is acknowledged (None: active, or
     /// the drain not yet acknowledged).
     drained_since: [Option<i64>; 2],
-    /// Open calls: (shard, session, leg).
-    calls: Vec<(u32, String)>,
+    /// Open calls: (shard, session).
+    pub calls: Vec<(u32, String)>,
     next_call: u64,
     /// Per shard: when its outstanding lease ask was sent.
-    asked_at: [Option<i64>; SHARDS as usize],
+    asked_at: Vec<Option<i64>>,
+    /// Per object: what it was told since it last started, with the time
+    /// (its memory is a function of these and its storage).
+    inputs: Vec<Vec<String>>,
     pub violations: Vec<String>,
     pub steps: u64,
     pub assigned: u64,
@@ -107,14 +152,20 @@ fn signed(node: &str) -> Caller<'_> {
 }
 
 impl LeaseWorld {
+    /// The simulation's world: three objects, nodes of [`LIMIT`] calls.
     pub fn new(seed: u64, plant: Option<Plant>) -> Self {
+        Self::with(seed, plant, SHARDS, LIMIT)
+    }
+
+    /// A world of `shard_count` objects whose nodes take `limit` calls.
+    pub fn with(seed: u64, plant: Option<Plant>, shard_count: u32, limit: u32) -> Self {
         let store = SqliteStore::in_memory().expect("sqlite");
         migrate(&store, T0).expect("migrate");
         let global = Engine::new(store, EngineConfig::default());
-        let map = MapNotice::new(1, SHARDS, 0);
+        let map = MapNotice::new(1, shard_count, 0);
         let mut shards = vec![None];
         let mut stores = vec![];
-        for k in 1..SHARDS {
+        for k in 1..shard_count {
             let store = SqliteStore::in_memory().expect("sqlite");
             migrate(&store, T0).expect("migrate");
             let store = Rc::new(store);
@@ -126,6 +177,8 @@ impl LeaseWorld {
         let mut world = Self {
             rng: Rng(seed),
             plant,
+            shard_count,
+            limit,
             now: T0,
             global: Some(global),
             shards,
@@ -135,7 +188,8 @@ impl LeaseWorld {
             drained_since: [None; 2],
             calls: Vec::new(),
             next_call: 0,
-            asked_at: [None; SHARDS as usize],
+            asked_at: vec![None; shard_count as usize],
+            inputs: vec![Vec::new(); shard_count as usize],
             violations: Vec::new(),
             steps: 0,
             assigned: 0,
@@ -175,7 +229,7 @@ impl LeaseWorld {
             .enumerate()
             .map(|(i, id)| {
                 let mut entry = fixtures::registry_entry(i, "stable", false);
-                entry["max_calls"] = json!(LIMIT);
+                entry["max_calls"] = json!(self.limit);
                 (id.to_string(), entry)
             })
             .collect();
@@ -217,6 +271,7 @@ impl LeaseWorld {
         };
         let body = fixtures::heartbeat_body(&spec, self.now);
         let now = self.now;
+        self.told(0, format!("beat {i} {mode:?} {seq}"));
         let g = self.global();
         g.handle_heartbeat(signed(NODES[i]), now / 1000, &body, now)
             .expect("beat");
@@ -246,30 +301,69 @@ impl LeaseWorld {
         };
     }
 
+    /// A random schedule of [`STEPS`] steps, checked after each.
     pub fn run(&mut self) {
         for _ in 0..STEPS {
-            self.step();
+            self.steps += 1;
+            let wait = self.rng.below(400) as i64;
+            self.apply(&Action::Wait(wait));
+            if let Some(action) = self.draw() {
+                self.apply(&action);
+            }
             self.check();
         }
     }
 
-    fn step(&mut self) {
-        self.steps += 1;
-        self.now += self.rng.below(400) as i64;
-        let shard = self.rng.below(u64::from(SHARDS)) as u32;
-        match self.rng.below(100) {
-            0..=24 => self.new_call(shard),
-            25..=44 => self.hangup(),
-            45..=49 if shard > 0 => self.ask(shard, false),
-            50..=74 if !self.in_flight.is_empty() => self.deliver(),
-            75..=79 => {
+    /// A random step (none when the one drawn cannot happen now).
+    fn draw(&mut self) -> Option<Action> {
+        let shard = self.rng.below(u64::from(self.shard_count)) as u32;
+        Some(match self.rng.below(100) {
+            0..=24 => Action::Call(shard),
+            25..=44 if !self.calls.is_empty() => {
+                Action::Hangup(self.rng.below(self.calls.len() as u64) as usize)
+            }
+            45..=49 if shard > 0 => Action::Ask(shard),
+            50..=74 if !self.in_flight.is_empty() => {
+                let i = self.rng.below(self.in_flight.len() as u64) as usize;
+                let again = self.rng.chance(15);
+                if self.rng.chance(10) {
+                    Action::Lose(i)
+                } else {
+                    Action::Deliver {
+                        i,
+                        again,
+                        answered: !self.rng.chance(10),
+                    }
+                }
+            }
+            75..=79 => Action::Reclaim,
+            80..=86 => Action::Toggle(self.rng.below(2) as usize),
+            87..=94 => Action::Beats,
+            95..=97 if shard > 0 => Action::Restart(shard),
+            98..=99 => Action::Restart(0),
+            _ => return None,
+        })
+    }
+
+    /// Applies one step. The caller checks the invariants after it.
+    pub fn apply(&mut self, action: &Action) {
+        match *action {
+            Action::Wait(ms) => self.now += ms,
+            Action::Call(k) => self.new_call(k),
+            Action::Hangup(i) => self.hangup(i),
+            Action::Ask(k) => self.ask(k, false),
+            Action::Reclaim => {
+                self.told(0, "reclaim".into());
                 if let Some(k) = self.global().poll_reclaim() {
                     self.reclaims += 1;
                     self.ask(k, true);
                 }
             }
-            80..=86 => {
-                let i = self.rng.below(2) as usize;
+            Action::Deliver { i, again, answered } => self.deliver(i, again, answered),
+            Action::Lose(i) => {
+                self.in_flight.remove(i);
+            }
+            Action::Toggle(i) => {
                 self.modes[i].0 = if self.modes[i].0 == Mode::Active {
                     Mode::Drained
                 } else {
@@ -277,24 +371,68 @@ impl LeaseWorld {
                 };
                 self.beat(i);
             }
-            87..=94 => {
+            Action::Beats => {
                 // Nodes beat every few seconds; the clock moves on.
                 for i in 0..NODES.len() {
                     self.beat(i);
                 }
             }
-            95..=97 if shard > 0 => {
-                self.shards[shard as usize] = None;
-                let store = &self.stores[shard as usize - 1];
-                self.shards[shard as usize] = Some(Self::shard(store, shard, self.plant));
-                self.asked_at[shard as usize] = None;
-            }
-            98..=99 => {
+            Action::Restart(0) => {
                 let store = self.global.take().expect("global").into_store();
                 self.global = Some(Engine::new(store, EngineConfig::default()));
+                self.inputs[0].clear();
             }
-            _ => {}
+            Action::Restart(k) => {
+                self.shards[k as usize] = None;
+                let store = &self.stores[k as usize - 1];
+                self.shards[k as usize] = Some(Self::shard(store, k, self.plant));
+                self.asked_at[k as usize] = None;
+                self.inputs[k as usize].clear();
+            }
         }
+    }
+
+    /// Object `k` is told `what` now.
+    fn told(&mut self, k: u32, what: String) {
+        let now = self.now;
+        self.inputs[k as usize].push(format!("{what}@{now}"));
+    }
+
+    /// The world's state, as far as its future depends on it: the clock,
+    /// the nodes, the open calls, the messages in flight (in any order),
+    /// every object's storage and what each was told since it started.
+    pub fn fingerprint(&self) -> String {
+        let mut messages: Vec<String> = self.in_flight.iter().map(|m| format!("{m:?}")).collect();
+        messages.sort();
+        let mut text = format!(
+            "{}|{:?}|{:?}|{:?}|{:?}|{}|{messages:?}|{:?}|",
+            self.now,
+            self.modes,
+            self.drained_since,
+            self.calls,
+            self.asked_at,
+            self.next_call,
+            self.inputs
+        );
+        let stores = std::iter::once(self.global().store()).chain(self.stores.iter().map(|s| &**s));
+        for store in stores {
+            let tables = store
+                .exec(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY 1",
+                    &[],
+                )
+                .expect("tables");
+            for table in tables {
+                let Some(Value::Text(name)) = table.first() else {
+                    continue;
+                };
+                let rows = store
+                    .exec(&format!("SELECT * FROM \"{name}\" ORDER BY 1"), &[])
+                    .expect("rows");
+                text.push_str(&format!("{name}:{rows:?}|"));
+            }
+        }
+        text
     }
 
     /// Shard `k` asks for a lease, unless its last ask is under three
@@ -306,24 +444,22 @@ impl LeaseWorld {
             return;
         }
         *since = Some(self.now);
+        self.told(k, format!("ask {reclaimed}"));
         let ask = self.call_shard(k).lease_ask(reclaimed).expect("ask");
         self.in_flight.push(Message::Ask(wire(&ask)));
     }
 
-    /// Delivers a message in flight, in any order; some are lost, some
-    /// delivered twice.
-    fn deliver(&mut self) {
-        let i = self.rng.below(self.in_flight.len() as u64) as usize;
-        let message = if self.rng.chance(15) {
+    /// Delivers the message `i` in flight (`again`: a copy stays in
+    /// flight); `answered` false loses a revocation's answer.
+    fn deliver(&mut self, i: usize, again: bool, answered: bool) {
+        let message = if again {
             self.in_flight[i].clone()
         } else {
             self.in_flight.remove(i)
         };
-        if self.rng.chance(10) {
-            return;
-        }
         match message {
             Message::Ask(ask) => {
+                self.told(0, format!("ask {ask}"));
                 let ask: LeaseAsk = serde_json::from_str(&ask).expect("ask");
                 if let Some(lease) = self
                     .global()
@@ -334,13 +470,15 @@ impl LeaseWorld {
                 }
             }
             Message::Revoke(k, seq) => {
+                self.told(k, format!("revoke {seq}"));
                 if self.plant != Some(Plant::RevokeIgnored) && self.call_shard(k).handle_revoke(seq)
                 {
                     self.asked_at[k as usize] = None;
                 }
-                if self.rng.chance(10) {
+                if !answered {
                     return;
                 }
+                self.told(0, format!("revoked {k} {seq}"));
                 let now = self.now;
                 let g = self.global();
                 g.revoked(k, seq, now).expect("revoked");
@@ -353,9 +491,10 @@ impl LeaseWorld {
                 }
                 self.revoked += 1;
             }
-            Message::Lease(lease) => {
-                let lease: Lease = serde_json::from_str(&lease).expect("lease");
+            Message::Lease(text) => {
+                let lease: Lease = serde_json::from_str(&text).expect("lease");
                 let k = lease.shard;
+                self.told(k, format!("lease {text}"));
                 let shard = self.call_shard(k);
                 if self.plant == Some(Plant::CapacityPerShard) {
                     // No leases: the view alone, and no caps.
@@ -370,9 +509,10 @@ impl LeaseWorld {
 
     /// A new inbound call at shard `k`, with a session placed there.
     fn new_call(&mut self, k: u32) {
+        let shards = self.shard_count;
         let (n, session) = (self.next_call..)
             .map(|i| (i, format!("v3:lease-{i}")))
-            .find(|(_, id)| home(id, SHARDS) == k)
+            .find(|(_, id)| home(id, shards) == k)
             .expect("a session");
         self.next_call = n + 1;
         let body = fixtures::event_body(
@@ -404,6 +544,7 @@ impl LeaseWorld {
     fn webhook(&mut self, k: u32, body: &str) -> Ingress {
         let envelope = parse_envelope(body.as_bytes()).expect("envelope");
         let now = self.now;
+        self.told(k, format!("webhook {}", envelope.event_id));
         if k == 0 {
             let served = |w: &Self| {
                 w.global()
@@ -445,13 +586,8 @@ impl LeaseWorld {
         self.call_shard(k).as_is(|| served(self))
     }
 
-    fn hangup(&mut self) {
-        if self.calls.is_empty() {
-            return;
-        }
-        let (k, session) = self
-            .calls
-            .remove(self.rng.below(self.calls.len() as u64) as usize);
+    fn hangup(&mut self, i: usize) {
+        let (k, session) = self.calls.remove(i);
         let body = fixtures::event_body(
             &format!("{session}/hangup"),
             "call.hangup",
@@ -464,16 +600,18 @@ impl LeaseWorld {
         self.webhook(k, &body);
     }
 
-    fn check(&mut self) {
+    /// Checks the invariants after a step.
+    pub fn check(&mut self) {
+        let limit = self.limit;
         for node in NODES {
             let mut open = self.global().shard().node_open_calls(node).expect("open");
-            for k in 1..SHARDS {
+            for k in 1..self.shard_count {
                 open += self.call_shard(k).node_open_calls(node).expect("open");
             }
-            self.full += u64::from(open == LIMIT);
-            if open > LIMIT {
+            self.full += u64::from(open == limit);
+            if open > limit {
                 self.violations.push(format!(
-                    "step {}: {node} has {open} open calls over the shards, its limit is {LIMIT}",
+                    "step {}: {node} has {open} open calls over the shards, its limit is {limit}",
                     self.steps
                 ));
             }

@@ -36,6 +36,7 @@ mod common;
 // Shared with the model check, which uses what the simulation does not.
 #[allow(dead_code)]
 mod holders;
+#[allow(dead_code)]
 mod leases;
 mod machines;
 mod rng;
