@@ -213,6 +213,9 @@ pub struct TestSwitches {
     /// `CALLFENCE_TEST_WRITES_ONLY=1`: the Dispatcher serves the bench-only
     /// `writes_only` message (an assignment's SQL writes alone).
     pub writes_only: bool,
+    /// `CALLFENCE_TEST_UNREACHABLE_SHARD=k` (1 to 31): the object of call
+    /// shard `k` fails every request, as an unreachable one does.
+    pub unreachable_shard: Option<u32>,
     /// `CALLFENCE_TEST_SLOW_ANSWER_MS`: the Dispatcher holds its answer to a
     /// webhook it delivered this long, as a slow commit or a long queue
     /// would (the Worker's answer deadline is tested against it).
@@ -237,6 +240,9 @@ impl TestSwitches {
                 .and_then(|v| v.trim().parse::<u32>().ok()),
             writes_only: var("CALLFENCE_TEST_WRITES_ONLY").is_some_and(|v| v.trim() == "1"),
             slow_answer_ms: positive("CALLFENCE_TEST_SLOW_ANSWER_MS"),
+            unreachable_shard: positive("CALLFENCE_TEST_UNREACHABLE_SHARD")
+                .and_then(|k| u32::try_from(k).ok())
+                .filter(|k| (1..32).contains(k)),
         }
     }
 }

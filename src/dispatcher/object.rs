@@ -78,6 +78,12 @@ impl DurableObject for Dispatcher {
                 protocol::encode_rejected(protocol::MessageError::UnknownOp),
             );
         };
+        #[cfg(feature = "testing")]
+        if Config::get(&self.env).test.unreachable_shard == Some(shard) {
+            // Thrown, as a runtime's failure: the Worker sees an
+            // unreachable shard (tests/e2e/call-shards.test.mjs).
+            return Err(worker::Error::RustError("unreachable (test switch)".into()));
+        }
         let engine = self.engine(Some(shard))?;
         #[cfg(feature = "testing")]
         let (arrived, spent_before) = (now_ms(), engine.store().spent());

@@ -305,3 +305,40 @@ describe("call shards: capacity is exact across shards", () => {
     assert.deepEqual(placed.filter((o) => o === "M1").length, 1, JSON.stringify(placed));
   });
 });
+
+describe("call shards: one shard unreachable", () => {
+  let cluster;
+  let edge;
+  before(async () => {
+    // The testing build's switch: the object of calls-2 fails every request.
+    cluster = await setupCluster({ nodes: ["M1"], shards: 4, bindings: { CALLFENCE_TEST_UNREACHABLE_SHARD: "2" } });
+    edge = cluster.edge;
+    const beat = await heartbeat(edge, cluster.nodes.M1, { capacity: { max_calls: 100, active_calls: 0 } });
+    assert.equal(beat.status, 200, JSON.stringify(beat.body));
+  });
+  after(() => cluster?.dispose());
+
+  test("its sessions fail closed with 503, the other shards serve theirs, and the reads that span shards name it", async () => {
+    const down = await webhook(edge, initiated(sessionOn(2, 4, "down")));
+    assert.deepEqual([down.status, down.body.error], [503, "dispatcher_unavailable"], JSON.stringify(down.body));
+    const up = [0, 1, 3].map((k) => sessionOn(k, 4, "up"));
+    for (const session of up) {
+      const got = await webhook(edge, initiated(session));
+      assert.deepEqual([got.status, got.body.delivered_to], [200, "M1"], `${session}: ${JSON.stringify(got.body)}`);
+    }
+    const status = await admin(edge, "/v1/status");
+    assert.equal(status.status, 200, JSON.stringify(status.body));
+    assert.deepEqual(status.body.shards_unreachable, [2]);
+    assert.equal(status.body.counts.open_calls, up.length, JSON.stringify(status.body.counts));
+    const decisions = await admin(edge, "/v1/decisions");
+    assert.equal(decisions.status, 200, JSON.stringify(decisions.body));
+    assert.deepEqual(decisions.body.shards_unreachable, [2]);
+    const decided = new Set(decisions.body.decisions.map((d) => d.call_session_id));
+    for (const session of up) assert.ok(decided.has(session), `no decision of ${session}`);
+    // A scrape fails rather than sum without the shard's counters (which
+    // would read as a counter reset).
+    const scrape = await edge.fetch("/v1/metrics", { headers: { authorization: `Bearer ${edge.keys.metricsToken}` } });
+    await scrape.text();
+    assert.equal(scrape.status, 503);
+  });
+});
