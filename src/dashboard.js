@@ -520,9 +520,14 @@ function renderShards(s) {
     input.value = String(map.call_shards);
     input.dataset.revision = String(map.revision);
   }
+  // Each shard's open calls, as status gives them (every shard the map's
+  // history names; one that did not answer is named unreachable).
+  const perShard = Object.entries(s.shard_open_calls ?? { 0: s.counts.open_calls })
+    .sort((a, b) => Number(a[0]) - Number(b[0]))
+    .map(([k, open]) => el("span", { "data-shard": k }, `${k === "0" ? "global" : `calls-${k}`} (shard ${k}): `, plural(open, "open call")));
   patchKids($("shards"),
     el("span", {}, "call shards ", el("b", {}, map.call_shards), " · map revision ", el("b", {}, map.revision)),
-    el("span", { "data-shard": "0" }, "global (shard 0): ", plural(s.counts.open_calls, "open call")),
+    ...perShard,
     el("span", {}, "rollback floor ", el("b", { title: "the oldest release this deployment can be rolled back to" }, floor ?? "unknown")),
     unreachable.length ? el("span", { class: "bad" }, `unreachable shards: ${unreachable.join(", ")}`) : null);
 }
@@ -553,8 +558,8 @@ async function askShards(wanted) {
   $("shards-body").textContent = `New sessions are placed on ${plural(wanted, "shard")} from then on. `
     + "Nothing moves: every live session stays in the shard that holds it until it ends, and its events, fences and claims still reach it there. "
     + (wanted > 1
-      ? "Once more than one shard has been in force, the Worker cannot be rolled back below v1.4 until 24 h after the map is back at one shard. "
-      : "Sessions held by the other shards finish there, and the rollback floor stays v1.4 until 24 h after this change. ")
+      ? "Once more than one shard has been in force, the Worker cannot be rolled back below v1.4 until 28 h (the longest call and the retention) after the map is back at one shard. "
+      : "Sessions held by the other shards finish there, and the rollback floor stays v1.4 until 28 h (the longest call and the retention) after this change. ")
     + `This writes shard map revision ${revision + 1}.`;
   if (!await confirmed("shards")) return;
   const put = await api("/v1/shards", { method: "PUT", body: { schema: "callfence_shards_v1", call_shards: wanted }, headers: { "If-Match": `"${revision}"` } });

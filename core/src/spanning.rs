@@ -12,8 +12,8 @@
 //! fields, `GET /v1/health` always lists `shards.unreachable` the same way,
 //! and a client that checks completeness then never mistakes an absent key
 //! for "all answered" (absent means a release before v1.4: one object,
-//! complete). Apart from that key, merging one shard's answer returns it
-//! unchanged.
+//! complete). Apart from that key (and status's `shard_open_calls`),
+//! merging one shard's answer returns it unchanged.
 //!
 //! `GET /v1/decisions` ([`merge_decisions`]): `{"decisions":[...]}`.
 //! - Newest first (no `after`): by `at`, ties by shard index then
@@ -46,6 +46,7 @@
 //! | `engine.last_webhook_at` | latest |
 //! | `engine.operative` | true if any shard's is |
 //! | `recent_decisions` | merged newest first, at most 10 |
+//! | `shard_open_calls` (added) | each answering shard's `counts.open_calls`, by shard index (`{"0":2,"3":1}`): what the panel shows per shard |
 //! | `policy_revision`, `nodes_revision`, `routing_hash`, `lines`, `overrides`, the rest of `nodes` (beats, `active_calls`, `max_calls`, `eligible`, `reasons`) and any other field | the base's |
 
 use crate::shard::STATUS_DECISIONS;
@@ -269,6 +270,7 @@ fn open_calls_of(status: &Map<String, Json>, node: &str) -> Option<i64> {
 /// `None` when no shard gave a usable answer: there is nothing to show.
 pub fn merge_status(reads: &[ShardRead]) -> Option<Json> {
     let (mut usable, mut recents, mut missing) = (Vec::new(), Vec::new(), Vec::new());
+    let mut per_shard = Map::new();
     for r in by_shard(reads) {
         let status = r.answer.as_ref().and_then(|a| {
             let obj = a
@@ -283,6 +285,8 @@ pub fn merge_status(reads: &[ShardRead]) -> Option<Json> {
         });
         match status {
             Some((obj, recent)) => {
+                let open = obj.get("counts").and_then(|c| c.get("open_calls"));
+                per_shard.insert(r.shard.to_string(), open.cloned().unwrap_or(Json::Null));
                 usable.push(obj);
                 recents.push(recent);
             }
@@ -336,6 +340,7 @@ pub fn merge_status(reads: &[ShardRead]) -> Option<Json> {
         "recent_decisions".into(),
         bodies(&merge(&recents, STATUS_DECISIONS as usize).0),
     );
+    out.insert("shard_open_calls".into(), Json::Object(per_shard));
     out.insert("shards_unreachable".into(), json!(missing));
     Some(Json::Object(out))
 }
@@ -446,7 +451,9 @@ mod tests {
     fn one_status_comes_back_as_sent() {
         let one = status(2, 2, 7, "01.000", json!([d(1, "01.000")]));
         let merged = merge_status(&[read(0, one.clone())]);
-        assert_eq!(merged, Some(with_unreachable(one, json!([]))));
+        let mut expected = with_unreachable(one, json!([]));
+        expected["shard_open_calls"] = json!({"0": 2});
+        assert_eq!(merged, Some(expected));
         assert_eq!(
             merge_status(&[ShardRead {
                 shard: 0,
@@ -490,6 +497,7 @@ mod tests {
             [4, 3, 2]
         );
         assert_eq!(merged["shards_unreachable"], json!([]));
+        assert_eq!(merged["shard_open_calls"], json!({"0": 2, "1": 3, "2": 4}));
 
         let unreachable = ShardRead {
             shard: 0,
@@ -499,6 +507,7 @@ mod tests {
         assert_eq!(merged["nodes"][0]["heartbeat_age_s"], json!(99));
         assert_eq!(merged["counts"]["open_calls"], json!(7));
         assert_eq!(merged["shards_unreachable"], json!([0]));
+        assert_eq!(merged["shard_open_calls"], json!({"1": 3, "2": 4}));
     }
 
     fn calls(ids: &[&str], next: Option<&str>) -> Json {

@@ -311,13 +311,16 @@ describe("the panel: token, routing guide and nodes", () => {
     await page.click("#shards-cancel");
     assert.equal((await map()).revision, 0);
 
-    // Confirmed: this release refuses more than one shard, and says why.
+    // Confirmed: written; the map, its floor and each shard's open calls follow.
     await setCount(4);
     await press(page, '#shards-form button[type="submit"]');
     await page.waitForSelector("#shards-dialog[open]");
     await page.click("#shards-confirm");
-    await waitText(page, "#shards-result", /Not written: 400 invalid_document: 4 call shards: this release places every call in global/);
-    assert.deepEqual(await map(), { schema: "callfence_shards_v1", call_shards: 1, revision: 0 });
+    await waitText(page, "#shards-result", /Shard map revision 1: 4 call shards/);
+    assert.deepEqual(await map(), { schema: "callfence_shards_v1", call_shards: 4, revision: 1 });
+    const grown = await waitText(page, "#shards", /call shards 4 · map revision 1[\s\S]*calls-3 \(shard 3\): 0 open calls/);
+    assert.match(grown, /global \(shard 0\): 1 open call/);
+    assert.match(grown, /rollback floor v1\.4/);
 
     // Another writer changes the map while the dialog is open: refused (412).
     await setCount(2);
@@ -325,8 +328,8 @@ describe("the panel: token, routing guide and nodes", () => {
     await page.waitForSelector("#shards-dialog[open]");
     assert.equal((await putDocument(c.edge, "shards", { schema: "callfence_shards_v1", call_shards: 1 })).status, 200);
     await page.click("#shards-confirm");
-    await waitText(page, "#shards-result", /shard map changed meanwhile \(now revision 1\); nothing was written/);
-    await waitText(page, "#shards", /map revision 1/);
+    await waitText(page, "#shards-result", /shard map changed meanwhile \(now revision 2\); nothing was written/);
+    await waitText(page, "#shards", /map revision 2/);
     assert.deepEqual(errors, []);
   });
 

@@ -132,6 +132,10 @@ describe("call shards: four objects, one holder per session", () => {
       const status = await admin(edge, "/v1/status");
       assert.equal(status.status, 200, JSON.stringify(status.body));
       assert.deepEqual(status.body.shards_unreachable, []);
+      // Each shard's own open calls, which the panel shows, add up to the sum.
+      assert.deepEqual(Object.keys(status.body.shard_open_calls), ["0", "1", "2", "3"]);
+      const perShard = Object.values(status.body.shard_open_calls).reduce((a, b) => a + b, 0);
+      assert.equal(perShard, status.body.counts.open_calls, JSON.stringify(status.body.shard_open_calls));
       const m1 = status.body.nodes.find((n) => n.node === "M1");
       assert.equal(m1.capacity.open_calls, status.body.counts.open_calls, JSON.stringify(m1));
       return status.body.counts.open_calls;
