@@ -1225,6 +1225,17 @@ fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history(
     assert_eq!(floor(&engine, shrunk_at + window + 1), RollbackFloor::V1_3);
 }
 
+/// `global` with M1 beating, call shard 1 on a database of its own, and a
+/// map of two shards.
+fn with_call_shard_1() -> (World, Engine<SqliteStore>, MapNotice) {
+    let mut w = World::new();
+    w.beat("M1", |_| {}).unwrap();
+    let store = SqliteStore::in_memory().unwrap();
+    migrate(&store, T0).unwrap();
+    let calls1 = Engine::call_shard(store, EngineConfig::default(), 1);
+    (w, calls1, MapNotice::new(1, 2, 0))
+}
+
 /// A directory that has just restarted has changed nothing since: the
 /// lease it grants must still carry a view the shard takes over the one it
 /// kept from before the restart, or the shard decides on eligibility the
@@ -1232,12 +1243,7 @@ fn the_shard_map_starts_at_one_shard_and_the_rollback_floor_follows_its_history(
 /// acknowledged, `global` restarted, a new call sent to the drained node.)
 #[test]
 fn a_lease_from_a_restarted_directory_carries_a_view_the_shard_takes() {
-    let mut w = World::new();
-    w.beat("M1", |_| {}).unwrap();
-    let store = SqliteStore::in_memory().unwrap();
-    migrate(&store, T0).unwrap();
-    let calls1 = Engine::call_shard(store, EngineConfig::default(), 1);
-    let map = MapNotice::new(1, 2, 0);
+    let (mut w, calls1, map) = with_call_shard_1();
     let grant = |engine: &Engine<SqliteStore>, now: i64| {
         let ask = calls1.shard().lease_ask(false).unwrap();
         let lease = engine.handle_lease_ask(&ask, now).unwrap().unwrap();
@@ -1290,12 +1296,7 @@ fn a_lease_from_a_restarted_directory_carries_a_view_the_shard_takes() {
 /// fenced; a failed forward's mark reaches `global` from its outbox.
 #[test]
 fn a_call_shard_s_own_object_decides_only_under_a_lease_from_global() {
-    let mut w = World::new();
-    w.beat("M1", |_| {}).unwrap();
-    let store = SqliteStore::in_memory().unwrap();
-    migrate(&store, T0).unwrap();
-    let calls1 = Engine::call_shard(store, EngineConfig::default(), 1);
-    let map = MapNotice::new(1, 2, 0);
+    let (w, calls1, map) = with_call_shard_1();
     let session = (0..100)
         .map(|i| format!("v3:k1-{i}"))
         .find(|s| map.home(s) == 1)

@@ -20,10 +20,7 @@
 //! state reached again is not explored again.
 
 use crate::leases::{Action, LeaseWorld, Message, Plant};
-use crate::map_race::Race;
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashSet, VecDeque};
-use std::hash::{Hash, Hasher};
+use crate::race::{breadth_first, key, Race};
 
 /// How many times each kind of action may happen on one path.
 #[derive(Debug, Clone, Copy)]
@@ -196,43 +193,13 @@ fn enabled(world: &LeaseWorld, path: &[Action], bounds: &Bounds) -> Vec<Action> 
 
 /// Explores every path within `bounds`, breadth first.
 pub fn explore(plant: Option<Plant>, bounds: &Bounds) -> Race<Action> {
-    let mut race = Race {
-        states: 0,
-        transitions: 0,
-        depth: 0,
-        found: None,
-    };
-    let progress = std::env::var_os("CALLFENCE_MODEL_PROGRESS").is_some();
-    let mut seen = HashSet::new();
-    let mut queue = VecDeque::from([Vec::<Action>::new()]);
-    while let Some(path) = queue.pop_front() {
-        let world = replay(plant, &path);
-        if let Some(violation) = world.violations.first() {
-            race.found = Some((path, violation.clone()));
-            return race;
-        }
-        let mut key = DefaultHasher::new();
-        (world.fingerprint(), used(&path)).hash(&mut key);
-        let key = key.finish();
-        if !seen.insert(key) {
-            continue;
-        }
-        race.states += 1;
-        race.depth = race.depth.max(path.len());
-        if progress && race.states % 1_000 == 0 {
-            eprintln!(
-                "lease race: {} states, depth {}, queue {}",
-                race.states,
-                race.depth,
-                queue.len()
-            );
-        }
-        for action in enabled(&world, &path, bounds) {
-            race.transitions += 1;
-            let mut next = path.clone();
-            next.push(action);
-            queue.push_back(next);
-        }
-    }
-    race
+    breadth_first(
+        "lease race",
+        |path| replay(plant, path),
+        |world| world.violations.first().cloned(),
+        |world, path| {
+            let state = key((world.fingerprint(), used(path)));
+            (enabled(world, path, bounds), state)
+        },
+    )
 }

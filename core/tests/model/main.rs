@@ -40,6 +40,7 @@ mod lease_race;
 mod leases;
 mod map_race;
 mod plants;
+mod race;
 #[allow(dead_code)]
 #[path = "../sim/rng.rs"]
 mod rng;
@@ -238,7 +239,7 @@ fn planted_report_epoch_unchecked_applies_a_superseded_report() {
     planted("report_epoch_unchecked", 7, |_| {});
 }
 
-fn print_race<A: std::fmt::Debug>(name: &str, race: &map_race::Race<A>) {
+fn print_race<A: std::fmt::Debug>(name: &str, race: &race::Race<A>) {
     println!(
         "model check ({name}): {} states, {} transitions, depth {}",
         race.states, race.transitions, race.depth

@@ -12,17 +12,8 @@
 //! replaying its path on fresh databases.
 
 use crate::holders::{Action, HolderWorld, Plant};
+use crate::race::{breadth_first, key, Race};
 use callfence_core::placement::home;
-use std::collections::{HashSet, VecDeque};
-
-/// What a search covered, and the shortest violating path of `A`s if any
-/// (this race's, and the lease race's).
-pub struct Race<A> {
-    pub states: usize,
-    pub transitions: usize,
-    pub depth: usize,
-    pub found: Option<(Vec<A>, String)>,
-}
 
 /// The race's session: one the new map places on shard 1 (the old map
 /// places every session on shard 0).
@@ -77,41 +68,20 @@ fn enabled(world: &HolderWorld, path: &[Action]) -> Vec<Action> {
 
 /// Explores every interleaving, breadth first.
 pub fn explore(plant: Option<Plant>) -> Race<Action> {
-    let mut race = Race {
-        states: 0,
-        transitions: 0,
-        depth: 0,
-        found: None,
-    };
-    let mut seen = HashSet::new();
-    let mut queue = VecDeque::from([Vec::<Action>::new()]);
-    while let Some(path) = queue.pop_front() {
-        let world = replay(plant, &path);
-        if let Some(violation) = world.violations.first() {
-            race.found = Some((path, violation.clone()));
-            return race;
-        }
-        let actions = enabled(&world, &path);
-        let key = format!("{}|{:?}", world.fingerprint(), {
+    breadth_first(
+        "map race",
+        |path| replay(plant, path),
+        |world| world.violations.first().cloned(),
+        |world, path| {
+            let actions = enabled(world, path);
             let mut left: Vec<String> = actions
                 .iter()
                 .filter(|a| !matches!(a, Action::Advance(_)))
                 .map(|a| format!("{a:?}"))
                 .collect();
             left.sort();
-            left
-        });
-        if !seen.insert(key) {
-            continue;
-        }
-        race.states += 1;
-        race.depth = race.depth.max(path.len());
-        for action in actions {
-            race.transitions += 1;
-            let mut next = path.clone();
-            next.push(action);
-            queue.push_back(next);
-        }
-    }
-    race
+            let key = key((world.fingerprint(), left));
+            (actions, key)
+        },
+    )
 }
