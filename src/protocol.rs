@@ -611,6 +611,11 @@ pub struct Message {
     pub request: Request,
     /// The raw payload (empty for operations without one).
     pub payload: Vec<u8>,
+    /// When the receiving object took the message, before any wait of its
+    /// own (a call shard's lease ask, the room it asks for): a webhook's
+    /// admission counts the time it queued until then
+    /// (`admission::admits_webhook`). Not on the wire; `None` until set.
+    pub taken_at_ms: Option<i64>,
 }
 
 #[derive(Serialize)]
@@ -693,6 +698,7 @@ pub fn decode_request(url_op: &str, bytes: &[u8]) -> Result<Message, MessageErro
         version,
         request,
         payload,
+        taken_at_ms: None,
     })
 }
 

@@ -89,10 +89,11 @@ impl DurableObject for Dispatcher {
         let (arrived, spent_before) = (now_ms(), engine.store().spent());
         let url_op = url.path().trim_start_matches('/');
         let body = req.bytes().await?;
-        let message = match protocol::decode_request(url_op, &body) {
+        let mut message = match protocol::decode_request(url_op, &body) {
             Ok(message) => message,
             Err(error) => return answer(400, protocol::encode_rejected(error)),
         };
+        message.taken_at_ms = Some(now_ms());
         if !role::serves(engine, &message.request) {
             return answer(
                 400,

@@ -146,7 +146,7 @@ pub fn serve<S: Store>(
             absent,
             legs_asked,
         } => {
-            if !admission::admits_webhook(*received_at_ms, now_ms) {
+            if !admission::admits_webhook(*received_at_ms, message.taken_at_ms.unwrap_or(now_ms)) {
                 engine
                     .metrics()
                     .count(Count::Webhook(WebhookOutcome::Overloaded));
@@ -433,6 +433,7 @@ mod tests {
             version: protocol::VERSION,
             request,
             payload: payload.to_vec(),
+            taken_at_ms: None,
         }
     }
 
@@ -648,6 +649,39 @@ mod tests {
             refusal(decode_reply(200, reply.as_bytes()).unwrap()),
             (400, "bad_envelope".into())
         );
+    }
+
+    /// A call shard that waited for its own lease (or for room) before it
+    /// served a webhook did not keep it queued: admission counts the wait
+    /// until the object took the message, not until it served it.
+    #[test]
+    fn admission_counts_the_queue_until_the_object_took_the_webhook() {
+        let e = engine();
+        let body = r#"{"data":{"id":"e1","event_type":"call.initiated","payload":{"call_session_id":"s1","to":"+15551230000","from":"+15551239999"}}}"#;
+        let sent = 1_796_000_000_000;
+        let served_at = sent + 900;
+        let error = |taken_at_ms: Option<i64>| {
+            let request = Request::Webhook {
+                envelope: None,
+                headers: Vec::new(),
+                received_at_ms: Some(sent),
+                map: None,
+                absent: None,
+                legs_asked: false,
+            };
+            let message = Message {
+                taken_at_ms,
+                ..message(request, body.as_bytes())
+            };
+            let reply =
+                answer_of(serve(&e, None, &Profile::default(), &message, served_at).unwrap());
+            refusal(decode_reply::<View>(200, reply.as_bytes()).unwrap()).1
+        };
+        // Taken 50 ms after it was sent, served after a lease ask: taken.
+        assert_eq!(error(Some(sent + 50)), "no_policy");
+        // Taken 900 ms after it was sent: it queued, and is shed.
+        assert_eq!(error(None), "overloaded");
+        assert_eq!(error(Some(served_at)), "overloaded");
     }
 
     /// The answer to a webhook with `body` that carries `map`.
