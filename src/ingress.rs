@@ -167,6 +167,7 @@ async fn place(env: &Env, webhook: Webhook, answer_by: i64) -> Result<Reply<Next
         envelope: Some(webhook.envelope),
         headers: webhook.headers,
         received_at_ms: Some(webhook.received_at_ms),
+        sent_at_ms: None,
         map: None,
         absent: None,
         legs_asked: false,

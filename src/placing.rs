@@ -40,6 +40,7 @@ pub async fn to_holder<T: DeserializeOwned>(
             }
             Some(Transmit::Webhook { shard, arrival }) => {
                 request.set_arrival(arrival);
+                request.set_sent_at(now_ms());
                 let reply =
                     protocol::call_shard_within(env, shard, &request, payload, left).await?;
                 let redirect = match &reply {
@@ -87,6 +88,7 @@ pub async fn to_leg_holder(
         ..Arrival::default()
     };
     request.set_arrival(arrival.clone());
+    request.set_sent_at(now_ms());
     let left = answer_by - now_ms();
     let reply = protocol::call_within::<Next>(env, &request, payload, left).await?;
     let (Reply::Done(Next::Redirect(Redirect::Leg { shards, map })), Some(leg)) = (&reply, leg)
@@ -111,6 +113,7 @@ pub async fn to_leg_holder(
     arrival.map = Some(*map);
     arrival.legs_asked = true;
     request.set_arrival(arrival);
+    request.set_sent_at(now_ms());
     let left = answer_by - now_ms();
     protocol::call_shard_within(env, holder, &request, payload, left).await
 }

@@ -164,6 +164,12 @@ pub enum Request {
         /// with the outcome.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         received_at_ms: Option<i64>,
+        /// When the Worker sent this request, by its clock: a webhook that
+        /// reaches its holder after a redirect was sent again, and only the
+        /// time since then is time queued in front of the holder (absent:
+        /// `received_at_ms` counts).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sent_at_ms: Option<i64>,
         /// The newest shard map the Worker knows (SPEC §16); absent: the
         /// map the shard holds.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -478,6 +484,14 @@ impl Request {
                 (*map, *absent) = (arrival.map, arrival.absent);
             }
             _ => {}
+        }
+    }
+
+    /// Notes that a webhook is sent (again) at `now_ms`; other requests
+    /// carry no such time.
+    pub fn set_sent_at(&mut self, now_ms: i64) {
+        if let Request::Webhook { sent_at_ms, .. } = self {
+            *sent_at_ms = Some(now_ms);
         }
     }
 
@@ -1152,6 +1166,7 @@ mod tests {
             envelope: None,
             headers: Vec::new(),
             received_at_ms: Some(5),
+            sent_at_ms: None,
             map: Some(map),
             absent: Some((3, vec![0, 2])),
             legs_asked: true,

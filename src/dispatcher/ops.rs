@@ -142,11 +142,13 @@ pub fn serve<S: Store>(
             envelope,
             headers,
             received_at_ms,
+            sent_at_ms,
             map,
             absent,
             legs_asked,
         } => {
-            if !admission::admits_webhook(*received_at_ms, message.taken_at_ms.unwrap_or(now_ms)) {
+            let sent = sent_at_ms.or(*received_at_ms);
+            if !admission::admits_webhook(sent, message.taken_at_ms.unwrap_or(now_ms)) {
                 engine
                     .metrics()
                     .count(Count::Webhook(WebhookOutcome::Overloaded));
@@ -622,6 +624,7 @@ mod tests {
             envelope: None,
             headers: Vec::new(),
             received_at_ms: None,
+            sent_at_ms: None,
             map: None,
             absent: None,
             legs_asked: false,
@@ -665,6 +668,7 @@ mod tests {
                 envelope: None,
                 headers: Vec::new(),
                 received_at_ms: Some(sent),
+                sent_at_ms: None,
                 map: None,
                 absent: None,
                 legs_asked: false,
@@ -690,6 +694,7 @@ mod tests {
             envelope: None,
             headers: Vec::new(),
             received_at_ms: None,
+            sent_at_ms: None,
             map: Some(map),
             absent: None,
             legs_asked: false,
